@@ -1,0 +1,3 @@
+"""llmp: record local LLM agent traffic and explain where the prefill time went."""
+
+__version__ = "0.1.0"
