@@ -79,7 +79,7 @@ def test_tools_digest() -> None:
     parsed = canonical.loads(canonical.record_dumps(tools))
     d = request_digest({"messages": [], "tools": parsed}, "openai_chat")
     assert d is not None
-    canon = canonical.dumps(parsed)
+    canon = canonical.dumps(parsed[0])
     assert d["tools"] == [{"name": "read_file", "hash": hash_bytes(canon), "chars": len(canon.decode())}]
     assert d["tools_hash"] == hash_bytes(b"[" + canon + b"]")
 
