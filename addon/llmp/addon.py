@@ -1,0 +1,223 @@
+"""The mitmproxy addon: a thin shell of hooks around the pure recorder.
+
+Every hook does O(1) work on the proxy's event loop: it notes times, keeps
+references to bytes, and hands finished exchanges to the writer thread.
+Nothing here may delay, change or drop a byte of the client's traffic (R7).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any
+
+from mitmproxy import connection, ctx, exceptions, http
+from mitmproxy.proxy import server_hooks
+
+from llmp import options as llmp_options
+from llmp.capture import Capture, keep_headers, now_ms
+from llmp.errors import classify_error
+from llmp.writer import RecordingError, RecordingFile, RecordWriter
+
+log = logging.getLogger("llmp")
+
+READY = "llmp: recording to"
+_STATE = "llmp"  # key in flow.metadata
+
+
+class StreamTap:
+    """The per-flow stream callable: notes each piece and returns it unchanged."""
+
+    __slots__ = ("cap", "limit")
+
+    def __init__(self, cap: Capture, limit: int) -> None:
+        self.cap = cap
+        self.limit = limit
+
+    def __call__(self, data: bytes) -> bytes:
+        try:
+            self.cap.add_piece(data, self.limit)
+        except Exception:  # the client gets every byte, whatever happens here
+            pass
+        return data
+
+
+class Recorder:
+    """Records every HTTP exchange as one llmp v1 record."""
+
+    def __init__(self) -> None:
+        self.settings: llmp_options.Settings | None = None
+        self.writer: RecordWriter | None = None
+        self._ids = itertools.count(1)
+        self._conn_ids = itertools.count(1)
+        self._conns: dict[str, int] = {}
+        self._inflight: dict[int, Capture] = {}
+        self._finished = False
+        # Connect-timeout timers and the servers they gave up on.
+        self._connect_timers: dict[str, asyncio.TimerHandle] = {}
+        self._timed_out: set[str] = set()
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def load(self, loader: Any) -> None:
+        for spec in llmp_options.OPTIONS:
+            loader.add_option(spec.name, spec.type, spec.default, spec.help)
+
+    def configure(self, updated: set[str]) -> None:
+        if ctx.options.connection_strategy != "lazy":
+            # R13: in eager reverse mode a refused upstream makes no HTTP flow at
+            # all; lazy connects per request, so every failure has a flow.
+            ctx.options.update(connection_strategy="lazy")
+        if not any(name.startswith("llmp_") for name in updated) and self.settings is not None:
+            return
+        try:
+            settings = llmp_options.validate(
+                {spec.name: getattr(ctx.options, spec.name) for spec in llmp_options.OPTIONS}
+            )
+        except llmp_options.OptionError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
+        if self.settings is None or settings.file != self.settings.file:
+            try:
+                file = RecordingFile(settings.file)
+            except RecordingError as exc:
+                raise exceptions.OptionsError(str(exc)) from None
+            if self.writer is not None:
+                self.writer.close()
+            self.writer = RecordWriter(file, settings.body)
+        elif self.writer is not None:
+            self.writer.mode = settings.body
+        self.settings = settings
+
+    def running(self) -> None:
+        s = self.settings
+        if s is not None:
+            log.info(
+                "%s %s (%s mode, limit %d bytes, connect timeout %g s)",
+                READY,
+                s.file,
+                s.body,
+                s.limit,
+                s.connect_timeout,
+            )
+
+    def done(self) -> None:
+        """Shutdown: in-flight exchanges are written as they stand (R13), then the file closes."""
+        self._finished = True
+        for timer in self._connect_timers.values():
+            timer.cancel()
+        if self.writer is None:
+            return
+        for cap in sorted(self._inflight.values(), key=lambda c: c.id):
+            cap.set_error("upstream_reset")
+            self._finish(cap)
+        self._inflight.clear()
+        self.writer.close()
+        log.info("llmp: wrote %d records to %s", self.writer.written, self.writer.file.path)
+
+    # -- connections -------------------------------------------------------
+
+    def client_connected(self, client: connection.Client) -> None:
+        self._conns[client.id] = next(self._conn_ids)
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        self._conns.pop(client.id, None)
+
+    async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        """Start the connect timer: mitmproxy has none of its own (R13)."""
+        if self.settings is None or data.server.error:
+            return
+        task = asyncio.current_task()
+        if task is None:
+            return
+        server_id = data.server.id
+        loop = asyncio.get_running_loop()
+        self._connect_timers[server_id] = loop.call_later(
+            self.settings.connect_timeout, self._connect_timed_out, server_id, task
+        )
+
+    def _connect_timed_out(self, server_id: str, task: asyncio.Task[Any]) -> None:
+        self._connect_timers.pop(server_id, None)
+        self._timed_out.add(server_id)
+        task.cancel()
+
+    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        timer = self._connect_timers.pop(data.server.id, None)
+        if timer is not None:
+            timer.cancel()
+
+    def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
+        self.server_connected(data)
+
+    # -- flows -------------------------------------------------------------
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if self.writer is None or self._finished:
+            return
+        req = flow.request
+        cap = Capture(
+            id=next(self._ids),
+            conn=self._conns.get(flow.client_conn.id, 0),
+            t_start_ms=int(req.timestamp_start * 1000),
+            method=req.method,
+            path=req.path,
+            request_headers=keep_headers(list(req.headers.items(multi=True))),
+            request_encoding=req.headers.get("content-encoding"),
+        )
+        flow.metadata[_STATE] = cap
+        self._inflight[cap.id] = cap
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        cap = flow.metadata.get(_STATE)
+        if cap is None or self.settings is None:
+            return
+        body = flow.request.raw_content or b""
+        cap.request_body_bytes = len(body)
+        if len(body) > self.settings.limit:
+            cap.set_error("body_too_large")  # forwarded unchanged, stored as nothing (R12)
+            cap.request_body = None
+        else:
+            cap.request_body = body
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        cap = flow.metadata.get(_STATE)
+        resp = flow.response
+        if cap is None or resp is None or self.settings is None:
+            return
+        cap.status = resp.status_code
+        cap.response_headers = keep_headers(list(resp.headers.items(multi=True)))
+        cap.response_encoding = resp.headers.get("content-encoding")
+        # Stream every body through: never buffered, never held back (R7).
+        resp.stream = StreamTap(cap, self.settings.limit)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        cap = flow.metadata.get(_STATE)
+        if cap is None:
+            return
+        resp = flow.response
+        if resp is not None and resp.stream is False and resp.raw_content:
+            # A body mitmproxy buffered anyway (another addon turned streaming off).
+            cap.add_piece(resp.raw_content, self.settings.limit if self.settings else 1 << 25)
+        self._end(cap)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        cap = flow.metadata.get(_STATE)
+        if cap is None:
+            return
+        msg = flow.error.msg if flow.error else ""
+        timed_out = flow.server_conn.id in self._timed_out
+        cap.set_error(classify_error(msg, response_started=cap.status is not None, timed_out=timed_out))
+        self._end(cap)
+
+    def _end(self, cap: Capture) -> None:
+        if self._inflight.pop(cap.id, None) is None:
+            return  # already written (at shutdown)
+        if self._finished:
+            return
+        self._finish(cap)
+
+    def _finish(self, cap: Capture) -> None:
+        if cap.t_end_ms is None:
+            cap.t_end_ms = now_ms()
+        if self.writer is not None:
+            self.writer.submit(cap)

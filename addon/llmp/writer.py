@@ -1,0 +1,183 @@
+"""The recording file and the thread that fills it (R14).
+
+`RecordingFile` owns the file: created 0600, locked exclusively so that two
+recorders never share it, one `write` per whole line.  `RecordWriter` takes
+finished captures from the proxy's event loop and does the expensive work
+(building, hashing, serialising, writing) on its own thread, so the client's
+bytes never wait for it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from llmp import canonical
+from llmp.capture import Capture
+from llmp.record import build_record
+
+log = logging.getLogger("llmp")
+
+
+class RecordingError(Exception):
+    """The recording file cannot be used; the message says why, in one line."""
+
+
+class RecordingFile:
+    """An append-only JSON Lines file, held under an exclusive lock."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+        try:
+            self.fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            raise RecordingError(f"cannot open recording {path!r}: {exc.strerror}") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(self.fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise RecordingError(
+                    f"recording {path!r} is in use by another recorder; "
+                    "choose another file with llmp_file"
+                ) from None
+            raise RecordingError(f"cannot lock recording {path!r}: {exc.strerror}") from None
+        self._end_with_newline()
+
+    def _end_with_newline(self) -> None:
+        """If an earlier writer left a partial last line, close it so ours stay whole."""
+        size = os.fstat(self.fd).st_size
+        if size == 0:
+            return
+        with open(self.path, "rb") as fh:
+            fh.seek(size - 1)
+            last = fh.read(1)
+        if last != b"\n":
+            os.write(self.fd, b"\n")
+
+    def write_line(self, line: bytes) -> None:
+        """Append one whole line; on failure, cut the file back so no partial line stays."""
+        start = os.fstat(self.fd).st_size
+        view = memoryview(line)
+        try:
+            while view:
+                written = os.write(self.fd, view)
+                view = view[written:]
+        except OSError:
+            try:
+                os.ftruncate(self.fd, start)
+            except OSError:
+                pass
+            raise
+
+    def close(self) -> None:
+        """Release the lock and the file."""
+        if self.fd >= 0:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self.fd)
+                self.fd = -1
+
+
+def fallback_record(cap: Capture, mode: str) -> dict[str, Any]:
+    """A record without bodies, for when building the real one failed: never lose an exchange."""
+    stripped = Capture(
+        id=cap.id,
+        conn=cap.conn,
+        t_start_ms=cap.t_start_ms,
+        method=cap.method,
+        path=cap.path,
+        request_headers=cap.request_headers,
+        request_body=None,
+        request_body_bytes=cap.request_body_bytes,
+        status=cap.status,
+        response_headers=cap.response_headers,
+        response_body_bytes=cap.response_body_bytes,
+        truncated=cap.truncated,
+        t_first_byte_ms=cap.t_first_byte_ms,
+        t_end_ms=cap.t_end_ms,
+        error=cap.error,
+    )
+    return build_record(stripped, mode)
+
+
+_STOP = object()
+
+
+class RecordWriter:
+    """Builds and writes records on a background thread, in submission order."""
+
+    def __init__(
+        self,
+        file: RecordingFile,
+        mode: str,
+        on_record: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.file = file
+        self.mode = mode
+        self.on_record = on_record
+        self.written = 0
+        self.lost = 0
+        self.failed: str | None = None
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="llmp-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, cap: Capture) -> None:
+        """Hand over a finished exchange; returns at once."""
+        self._queue.put(cap)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            self._write(item)
+
+    def _write(self, cap: Capture) -> None:
+        try:
+            record = build_record(cap, self.mode)
+            line = canonical.record_dumps(record) + b"\n"
+        except Exception:
+            log.exception("llmp: could not build record %s; writing it without bodies", cap.id)
+            record = fallback_record(cap, self.mode)
+            line = canonical.record_dumps(record) + b"\n"
+        if self.failed is not None:
+            self.lost += 1
+            return
+        try:
+            self.file.write_line(line)
+        except OSError as exc:
+            self.failed = exc.strerror or str(exc)
+            self.lost += 1
+            log.error(
+                "llmp: STOPPED RECORDING to %s: %s. Traffic still passes through; "
+                "exchanges from id %s on are not recorded.",
+                self.file.path,
+                self.failed,
+                cap.id,
+            )
+            return
+        self.written += 1
+        if self.on_record is not None:
+            try:
+                self.on_record(record)
+            except Exception:
+                log.exception("llmp: live view failed on record %s", cap.id)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Write everything submitted so far, then release the file."""
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.error("llmp: writer did not finish within %.0f s; some records may be missing", timeout)
+        else:
+            self.file.close()

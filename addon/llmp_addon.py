@@ -1,0 +1,16 @@
+"""mitmdump entry point: `mitmdump -s addon/llmp_addon.py`.
+
+Kept thin on purpose: mitmproxy hot-reloads this script, while the state
+lives in the `llmp` package.
+"""
+
+import sys
+from pathlib import Path
+
+try:
+    import llmp.addon
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import llmp.addon
+
+addons = [llmp.addon.Recorder()]
