@@ -29,7 +29,7 @@ class NDJSONParser:
         self._first = True  # the next line is the stream's first (BOM check)
         self._closed = False
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Parse one piece; return the non-blank lines it completes."""
         if self._closed or not data:
             return []

@@ -161,7 +161,7 @@ def _response_part(cap: Capture, mode: str, api: str) -> dict[str, Any] | None:
     return part
 
 
-def _head(pieces: list[bytes], size: int = 512) -> bytes:
+def _head(pieces: list[bytes], size: int = 65536) -> bytes:
     head = b""
     for piece in pieces:
         head += piece[: size - len(head)]

@@ -41,7 +41,7 @@ class SSEParser:
         #: After ``close()``: the data of the unterminated event (``""`` if none).
         self.pending = ""
 
-    def feed(self, data: bytes) -> list[str]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[str]:
         """Parse one piece; return the data of the events it completes."""
         if self._closed or not data:
             return []
