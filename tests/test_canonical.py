@@ -62,7 +62,15 @@ def test_record_dumps_keeps_order_and_numbers() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [b"\xff", b'"\\ud800"', b"NaN", b"[1,]", b"-Infinity", b"[" * 128 + b"]" * 128, b"\xef\xbb\xbf{}"],
+    [
+        b"\xff",
+        b'"\\ud800"',
+        b"NaN",
+        b"[1,]",
+        b"-Infinity",
+        b"[" * 128 + b"]" * 128,
+        b"\xef\xbb\xbf{}",
+    ],
 )
 def test_rejects_what_serde_rejects(bad: bytes) -> None:
     with pytest.raises(NotJSON):

@@ -34,7 +34,11 @@ def test_message_text_parts_and_tool_calls() -> None:
     calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
     msg = {
         "role": "assistant",
-        "content": [{"type": "text", "text": "ab"}, {"type": "image_url", "image_url": {}}, {"type": "text", "text": "c"}],
+        "content": [
+            {"type": "text", "text": "ab"},
+            {"type": "image_url", "image_url": {}},
+            {"type": "text", "text": "c"},
+        ],
         "tool_calls": calls,
     }
     text = message_text(msg)
@@ -66,28 +70,54 @@ def test_request_params() -> None:
     }
     d = request_digest(body, "openai_chat")
     assert d is not None
-    assert d["params"] == {"max_tokens": 8, "response_format": False, "grammar": True, "stream": False}
+    assert d["params"] == {
+        "max_tokens": 8,
+        "response_format": False,
+        "grammar": True,
+        "stream": False,
+    }
     assert d["tools"] == [] and d["tools_hash"] is None
-    o = request_digest({"model": "m", "messages": [], "format": "json", "options": {"num_predict": 5}}, "ollama_chat")
+    o = request_digest(
+        {"model": "m", "messages": [], "format": "json", "options": {"num_predict": 5}},
+        "ollama_chat",
+    )
     assert o is not None
-    assert o["params"] == {"max_tokens": 5, "response_format": True, "grammar": False, "stream": True}
+    assert o["params"] == {
+        "max_tokens": 5,
+        "response_format": True,
+        "grammar": False,
+        "stream": True,
+    }
     assert request_digest([1], "openai_chat") is None
 
 
 def test_tools_digest() -> None:
-    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"b": 1.50, "a": 1}}}]
+    tools = [
+        {"type": "function", "function": {"name": "read_file", "parameters": {"b": 1.50, "a": 1}}}
+    ]
     parsed = canonical.loads(canonical.record_dumps(tools))
     d = request_digest({"messages": [], "tools": parsed}, "openai_chat")
     assert d is not None
     canon = canonical.dumps(parsed[0])
-    assert d["tools"] == [{"name": "read_file", "hash": hash_bytes(canon), "chars": len(canon.decode())}]
+    assert d["tools"] == [
+        {"name": "read_file", "hash": hash_bytes(canon), "chars": len(canon.decode())}
+    ]
     assert d["tools_hash"] == hash_bytes(b"[" + canon + b"]")
 
 
 def test_response_digest() -> None:
     body = {
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "héllo", "reasoning_content": "abc",
-                                             "tool_calls": [{"id": None, "function": {"name": "g"}}]}}],
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": "héllo",
+                    "reasoning_content": "abc",
+                    "tool_calls": [{"id": None, "function": {"name": "g"}}],
+                },
+            }
+        ],
         "usage": {"prompt_tokens": 10},
         "timings": {"cache_n": 9},
         "model": "x.gguf",
@@ -95,10 +125,20 @@ def test_response_digest() -> None:
     d = response_digest(body)
     assert d == {
         "usage": {"usage": {"prompt_tokens": 10}, "timings": {"cache_n": 9}, "model": "x.gguf"},
-        "output": {"content_chars": 5, "reasoning_chars": 3, "tool_calls": [{"id": None, "name": "g"}]},
+        "output": {
+            "content_chars": 5,
+            "reasoning_chars": 3,
+            "tool_calls": [{"id": None, "name": "g"}],
+        },
     }
-    ollama = response_digest({"model": "q", "message": {"role": "assistant", "content": "", "thinking": "hm"},
-                              "done": True, "prompt_eval_count": 5})
+    ollama = response_digest(
+        {
+            "model": "q",
+            "message": {"role": "assistant", "content": "", "thinking": "hm"},
+            "done": True,
+            "prompt_eval_count": 5,
+        }
+    )
     assert ollama is not None
     assert ollama["output"]["reasoning_chars"] == 2
     assert ollama["usage"] == {"model": "q", "done": True, "prompt_eval_count": 5}

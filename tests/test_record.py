@@ -75,8 +75,16 @@ def test_keep_headers_only_four_and_joins_repeats() -> None:
 def test_full_stream_record() -> None:
     rec = build_record(_with_pieces(_cap(), SSE), "full")
     assert list(rec) == [
-        "v", "id", "conn", "t_start_ms", "t_first_byte_ms", "t_end_ms",
-        "request", "response", "error", "tokens",
+        "v",
+        "id",
+        "conn",
+        "t_start_ms",
+        "t_first_byte_ms",
+        "t_end_ms",
+        "request",
+        "response",
+        "error",
+        "tokens",
     ]
     assert rec["v"] == 1 and rec["id"] == 3 and rec["tokens"] is None and rec["error"] is None
     req = rec["request"]
@@ -108,19 +116,31 @@ def test_digest_and_full_give_the_same_hashes() -> None:
 
 def test_digest_drops_non_chat_and_non_2xx() -> None:
     other = build_record(
-        _with_pieces(_cap(path="/v1/models", method="GET", response_headers={"content-type": "application/json"}),
-                     b'{"data":[]}'),
+        _with_pieces(
+            _cap(
+                path="/v1/models",
+                method="GET",
+                response_headers={"content-type": "application/json"},
+            ),
+            b'{"data":[]}',
+        ),
         "digest",
     )
     assert other["request"]["digest"] is None and other["response"]["digest"] is None
     err_body = b'{"error":{"code":400,"message":"too long","type":"exceed_context_size_error"}}'
     bad = build_record(
-        _with_pieces(_cap(status=400, response_headers={"content-type": "application/json"}), err_body), "digest"
+        _with_pieces(
+            _cap(status=400, response_headers={"content-type": "application/json"}), err_body
+        ),
+        "digest",
     )
     assert bad["request"]["digest"] is not None
     assert bad["response"]["digest"] is None and bad["response"]["status"] == 400
     full_bad = build_record(
-        _with_pieces(_cap(status=400, response_headers={"content-type": "application/json"}), err_body), "full"
+        _with_pieces(
+            _cap(status=400, response_headers={"content-type": "application/json"}), err_body
+        ),
+        "full",
     )
     assert full_bad["response"]["body"]["error"]["type"] == "exceed_context_size_error"
 
@@ -156,7 +176,9 @@ def test_truncated_stream_keeps_events_within_limit() -> None:
 
 def test_truncated_plain_body_keeps_prefix_as_text() -> None:
     body = json.dumps({"choices": [{"message": {"content": "x" * 100}}]}).encode()
-    cap = _with_pieces(_cap(response_headers={"content-type": "application/json"}), body, size=50, limit=60)
+    cap = _with_pieces(
+        _cap(response_headers={"content-type": "application/json"}), body, size=50, limit=60
+    )
     rec = build_record(cap, "full")
     assert rec["response"]["truncated"] is True
     assert rec["response"]["body"] is None and rec["response"]["body_text"] == body[:60].decode()
@@ -175,7 +197,9 @@ def test_sniffs_stream_without_content_type() -> None:
     cap = _with_pieces(_cap(response_headers={}), SSE)
     assert build_record(cap, "digest")["response"]["stream"] == "sse"
     nd = b'{"message":{"role":"assistant","content":"a"},"done":false}\n{"message":{"content":"b"},"done":true,"prompt_eval_count":4}\n'
-    cap = _with_pieces(_cap(path="/api/chat", response_headers={"content-type": "application/octet-stream"}), nd)
+    cap = _with_pieces(
+        _cap(path="/api/chat", response_headers={"content-type": "application/octet-stream"}), nd
+    )
     rec = build_record(cap, "digest")
     assert rec["response"]["stream"] == "ndjson" and rec["response"]["chunks"] == 2
     assert rec["response"]["digest"]["usage"]["prompt_eval_count"] == 4

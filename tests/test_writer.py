@@ -65,7 +65,9 @@ def test_partial_last_line_from_elsewhere_is_closed(tmp_path: Path) -> None:
     assert orjson.loads(lines[2])["id"] == 7
 
 
-def test_write_failure_leaves_no_partial_line_and_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_write_failure_leaves_no_partial_line_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "rec.jsonl"
     rf = RecordingFile(str(path))
     writer = RecordWriter(rf, "digest")

@@ -54,7 +54,7 @@ class Recorder:
         self._conns: dict[str, int] = {}
         self._inflight: dict[int, Capture] = {}
         self._finished = False
-        # Connect-timeout timers and the servers they gave up on.
+        # Connect-timeout timers, and the client connections whose connect they gave up on.
         self._connect_timers: dict[str, asyncio.TimerHandle] = {}
         self._timed_out: set[str] = set()
 
@@ -65,12 +65,14 @@ class Recorder:
             loader.add_option(spec.name, spec.type, spec.default, spec.help)
 
     def configure(self, updated: set[str]) -> None:
+        if self.settings is None or any(name.startswith("llmp_") for name in updated):
+            self._apply_settings()
         if ctx.options.connection_strategy != "lazy":
             # R13: in eager reverse mode a refused upstream makes no HTTP flow at
             # all; lazy connects per request, so every failure has a flow.
             ctx.options.update(connection_strategy="lazy")
-        if not any(name.startswith("llmp_") for name in updated) and self.settings is not None:
-            return
+
+    def _apply_settings(self) -> None:
         try:
             settings = llmp_options.validate(
                 {spec.name: getattr(ctx.options, spec.name) for spec in llmp_options.OPTIONS}
@@ -130,15 +132,18 @@ class Recorder:
         task = asyncio.current_task()
         if task is None:
             return
-        server_id = data.server.id
         loop = asyncio.get_running_loop()
-        self._connect_timers[server_id] = loop.call_later(
-            self.settings.connect_timeout, self._connect_timed_out, server_id, task
+        self._connect_timers[data.server.id] = loop.call_later(
+            self.settings.connect_timeout, self._connect_timed_out, data, task
         )
 
-    def _connect_timed_out(self, server_id: str, task: asyncio.Task[Any]) -> None:
-        self._connect_timers.pop(server_id, None)
-        self._timed_out.add(server_id)
+    def _connect_timed_out(
+        self, data: server_hooks.ServerConnectionHookData, task: asyncio.Task[Any]
+    ) -> None:
+        # The flow holds its own copy of the server connection, so the give-up
+        # is remembered per client connection: HTTP/1 has one connect at a time.
+        self._connect_timers.pop(data.server.id, None)
+        self._timed_out.add(data.client.id)
         task.cancel()
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
@@ -205,8 +210,11 @@ class Recorder:
         if cap is None:
             return
         msg = flow.error.msg if flow.error else ""
-        timed_out = flow.server_conn.id in self._timed_out
-        cap.set_error(classify_error(msg, response_started=cap.status is not None, timed_out=timed_out))
+        timed_out = flow.client_conn.id in self._timed_out and cap.status is None
+        self._timed_out.discard(flow.client_conn.id)
+        cap.set_error(
+            classify_error(msg, response_started=cap.status is not None, timed_out=timed_out)
+        )
         self._end(cap)
 
     def _end(self, cap: Capture) -> None:

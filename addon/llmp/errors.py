@@ -36,7 +36,7 @@ def classify_error(message: str, *, response_started: bool, timed_out: bool = Fa
     low = message.lower()
     if "client disconnected" in low:
         return CLIENT_DISCONNECTED
-    if "timed out" in low or "timeout" in low and not response_started:
+    if "timed out" in low or ("timeout" in low and not response_started):
         return TIMEOUT
     if not response_started and any(p in low for p in _UNREACHABLE):
         return UPSTREAM_UNREACHABLE

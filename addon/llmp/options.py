@@ -41,8 +41,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("llmp_limit", int, 32 * MIB, "Recording limit per body, in bytes."),
     OptionSpec(
         "llmp_connect_timeout",
-        float,
-        10.0,
+        str,  # mitmproxy options have no float type; parsed by validate()
+        "10",
         "Seconds to wait for the upstream connection before recording a timeout.",
     ),
 )
@@ -70,9 +70,15 @@ def validate(values: dict[str, Any]) -> Settings:
     limit = values.get("llmp_limit", 32 * MIB)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
         raise OptionError(f"llmp_limit must be a positive number of bytes, not {limit!r}")
-    timeout = values.get("llmp_connect_timeout", 10.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise OptionError(f"llmp_connect_timeout must be a positive number of seconds, not {timeout!r}")
+    raw_timeout = values.get("llmp_connect_timeout", "10")
+    try:
+        timeout = float(raw_timeout)
+    except (TypeError, ValueError):
+        timeout = float("nan")
+    if isinstance(raw_timeout, bool) or not timeout > 0:
+        raise OptionError(
+            f"llmp_connect_timeout must be a positive number of seconds, not {raw_timeout!r}"
+        )
     if timeout > 3600:
         raise OptionError(f"llmp_connect_timeout must be at most 3600 seconds, not {timeout!r}")
     path = str(values.get("llmp_file") or "").strip() or default_file()

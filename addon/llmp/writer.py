@@ -178,6 +178,8 @@ class RecordWriter:
         self._queue.put(_STOP)
         self._thread.join(timeout)
         if self._thread.is_alive():
-            log.error("llmp: writer did not finish within %.0f s; some records may be missing", timeout)
+            log.error(
+                "llmp: writer did not finish within %.0f s; some records may be missing", timeout
+            )
         else:
             self.file.close()
