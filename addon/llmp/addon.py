@@ -46,7 +46,13 @@ class StreamTap:
 class Recorder:
     """Records every HTTP exchange as one llmp v1 record."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, raise_on_startup_error: bool = False) -> None:
+        # Under mitmdump a bad option is logged as one line at error level, which
+        # makes mitmdump exit 1 without a traceback; `llmp proxy` wants the
+        # OptionsError itself. After startup, mitmproxy needs the OptionsError
+        # to roll the change back.
+        self.raise_on_startup_error = raise_on_startup_error
+        self._running = False
         self.settings: llmp_options.Settings | None = None
         self.writer: RecordWriter | None = None
         self._ids = itertools.count(1)
@@ -66,7 +72,13 @@ class Recorder:
 
     def configure(self, updated: set[str]) -> None:
         if self.settings is None or any(name.startswith("llmp_") for name in updated):
-            self._apply_settings()
+            try:
+                self._apply_settings()
+            except exceptions.OptionsError as exc:
+                if self._running or self.raise_on_startup_error:
+                    raise
+                log.error("llmp: %s", exc)
+                return
         if ctx.options.connection_strategy != "lazy":
             # R13: in eager reverse mode a refused upstream makes no HTTP flow at
             # all; lazy connects per request, so every failure has a flow.
@@ -92,6 +104,7 @@ class Recorder:
         self.settings = settings
 
     def running(self) -> None:
+        self._running = True
         s = self.settings
         if s is not None:
             log.info(

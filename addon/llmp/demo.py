@@ -256,20 +256,19 @@ def show_recording(path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"Recording {path} (digest mode: hashes and counts, no text)")
+    table = Table(title=f"{path.name}: one record per exchange (digest mode: no text)")
     for col in (
         "id",
-        "path",
         "status",
         "stream",
         "chunks",
-        "messages",
+        "msgs",
         "tools",
-        "cache_n",
-        "prompt_n",
-        "prompt_ms",
+        "reused",
+        "evaluated",
+        "prefill ms",
     ):
-        table.add_column(col, justify="right" if col not in ("path", "stream") else "left")
+        table.add_column(col, justify="left" if col == "stream" else "right")
     for line in path.read_bytes().splitlines():
         rec = orjson.loads(line)
         req, resp = rec["request"], rec["response"] or {}
@@ -277,7 +276,6 @@ def show_recording(path: Path) -> None:
         timings = ((resp.get("digest") or {}).get("usage") or {}).get("timings") or {}
         table.add_row(
             str(rec["id"]),
-            req["path"],
             str(resp.get("status", "-")),
             str(resp.get("stream")),
             str(resp.get("chunks")),
