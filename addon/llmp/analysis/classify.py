@@ -1,0 +1,84 @@
+"""Is a request a turn, a side-call or stateless, and what shape (§5)?
+
+Decided from what came before the request only, so the same decision is made
+live in the recorder and after the fact.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llmp.analysis.linking import CONTINUATION, OVERLAP, PREFIX, Conversation, Link
+
+if TYPE_CHECKING:
+    from llmp.analysis.config import Config
+    from llmp.analysis.exchange import Exchange
+
+TURN = "turn"
+SIDE_CALL = "side_call"
+STATELESS = "stateless"
+
+STRUCTURED = "structured"
+SUMMARISE = "summarise"
+ONESHOT = "oneshot"
+SHAPES = (SUMMARISE, STRUCTURED, ONESHOT)
+
+
+def is_probe(ex: Exchange, cfg: Config) -> bool:
+    """Nothing a later request could build on: no messages, or a probe."""
+    if not ex.hashes:
+        return True
+    return (
+        ex.max_tokens is not None
+        and ex.max_tokens <= cfg.probe_max_tokens
+        and not ex.has_model_msgs
+        and not ex.tools.names
+    )
+
+
+def side_call_marker(ex: Exchange, ref: Conversation, cfg: Config) -> str | None:
+    """Why this request is a side-call of `ref`, or None when it is not."""
+    last = ref.last
+    if ex.structured and not last.structured:
+        return STRUCTURED
+    if ex.tools.names:
+        return None  # with tools, only structured output makes a side-call
+    if last.has_tools:
+        return "no_tools"
+    if (
+        ex.max_tokens is not None
+        and ex.max_tokens <= cfg.side_call_max_tokens
+        and (last.max_tokens is None or last.max_tokens > cfg.side_call_max_tokens)
+    ):
+        return "max_tokens"
+    if not ex.has_model_msgs and (
+        ex.requested_model != last.requested_model or ex.hashes[: ex.n_sys] != last.sys
+    ):
+        return "one_off"
+    return None
+
+
+def classify(
+    ex: Exchange,
+    link: Link | None,
+    ref: Conversation | None,
+    prompt_tokens: int,
+    cfg: Config,
+) -> tuple[str, str | None]:
+    """(kind, side_call_shape) of a request."""
+    if is_probe(ex, cfg):
+        return STATELESS, None
+    if ref is None:
+        return TURN, None
+    marker = side_call_marker(ex, ref, cfg)
+    if marker is None:
+        return TURN, None
+    if marker == STRUCTURED:
+        return SIDE_CALL, STRUCTURED
+    # A title call resends the first user message; a history is more than that.
+    carries_history = link is not None and (
+        link.mode == OVERLAP or (link.mode in (CONTINUATION, PREFIX) and link.k >= 2)
+    )
+    if carries_history or ex.has_model_msgs or prompt_tokens >= cfg.summarise_min_tokens:
+        return SIDE_CALL, SUMMARISE
+    return SIDE_CALL, ONESHOT

@@ -1,0 +1,219 @@
+"""The analysis engine: one record in, at most one row out.
+
+The engine is fed records one at a time in session and id order, and makes
+each row as soon as its record arrives, from what came before it only.  The
+report after the fact and the recorder's live view (issue 7) both drive this
+one engine.  State is bounded by the number of live conversations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import IO, Any
+
+from llmp.analysis.classify import SIDE_CALL, STATELESS, SUMMARISE, TURN, classify
+from llmp.analysis.clients import ClientRegistry
+from llmp.analysis.config import Config
+from llmp.analysis.counters import Counts, Timing, counts_for
+from llmp.analysis.exchange import Exchange, Skip, Tools, prepare
+from llmp.analysis.findings import Findings
+from llmp.analysis.linking import HEAD, Conversation, RingEntry, Session, TurnState, find_link
+from llmp.analysis.loss import Between, Structure, between, compare, loss_measured, losses
+from llmp.analysis.measure import SERVER, weakest
+from llmp.analysis.report import Spill, Totals, build_header, spilled_rows, write_report
+from llmp.analysis.rows import Row
+
+RowHook = Callable[[Row, Between | None], None]
+
+
+class Engine:
+    """Feed records with `feed`; get the report with `header` and `rows`."""
+
+    def __init__(
+        self, cfg: Config | None = None, *, spill: bool = True, on_row: RowHook | None = None
+    ) -> None:
+        self.cfg = cfg or Config()
+        self.clients = ClientRegistry()
+        self.totals = Totals()
+        self.findings = Findings(self.cfg)
+        self.spill: Spill | None = Spill() if spill else None
+        self.on_row = on_row
+        self.session: Session | None = None
+        self.conversations = 0
+        self._tools_cache: dict[str, Tools] = {}
+
+    # -- input ------------------------------------------------------------
+
+    def feed(self, session: int, rec: dict[str, Any]) -> Row | None:
+        """Analyse one record of `session`; the row it became, or None if skipped."""
+        self.totals.record(rec["t_start_ms"])
+        s = self.session
+        if s is None or s.number != session:
+            s = self.session = Session(session, self.cfg)
+        ex = prepare(rec, self._tools_cache)
+        if isinstance(ex, Skip):
+            self.totals.skip(ex.reason, ex.path)
+            if ex.chat:
+                s.skipped.append(rec["id"])
+            return None
+        row, btw = self._row(s, ex)
+        self.totals.add(row)
+        self.totals.offer(row.client, ex, session)
+        self.findings.add(row, btw)
+        if self.spill is not None:
+            self.spill.write(row)
+        if self.on_row is not None:
+            self.on_row(row, btw)
+        return row
+
+    def _row(self, s: Session, ex: Exchange) -> tuple[Row, Between | None]:
+        cfg = self.cfg
+        n_sys = ex.n_sys
+        same_start = (
+            s.starting_with(ex.ua, ex.served_model, ex.hashes[n_sys])
+            if len(ex.hashes) > n_sys
+            else None
+        )
+        link = find_link(ex, s.candidates(ex.ua, ex.served_model), same_start, cfg)
+        ref = link.conv if link is not None else s.recent_by_ua.get(ex.ua)
+        st = compare(ex, link, cfg)
+        kind, shape = classify(ex, link, ref, st.total, cfg)
+        timing = Timing(ex.t_start, ex.t_first_byte, ex.t_end, ex.streamed)
+        known_old = ex.served_model in s.ollama_old
+        counts = counts_for(
+            ex.api, ex.top, timing, (st.total, st.source), cfg.ollama_evaluated_share, known_old
+        )
+        if counts.meaning == "old" and not known_old:
+            s.ollama_old.add(ex.served_model)
+        model = ex.requested_model or ex.served_model
+
+        if kind != TURN:
+            family = self.clients.family_for(ex.ua, ex.tools.names)
+            client = self.clients.key(ex.ua, family)
+            if kind == SIDE_CALL and shape == SUMMARISE and ref is not None:
+                ref.summaries.append(ex.out_chars)
+                del ref.summaries[:-4]
+            flat = st.unlinked()
+            row = Row(
+                id=ex.id,
+                api=ex.api,
+                model=model,
+                client=client,
+                t_start_ms=ex.t_start,
+                kind=kind,
+                side_call_shape=shape,
+                session=s.number,
+                conversation=None,
+                turn=None,
+                counts=counts,
+                composition=(flat.system, flat.tools, flat.history, flat.new),
+                loss_measured=loss_measured(counts),
+                served=ex.served_model,
+            )
+            s.ring.append(RingEntry(ex.id, ex.served_model, kind, None, shape, client))
+            return row, None
+
+        if link is None:
+            st = st.unlinked()
+        state = self._turn_state(ex, st, counts)
+        if link is None or link.mode == HEAD:
+            self.conversations += 1
+            family = self.clients.family_for(ex.ua, ex.tools.names)
+            conv = Conversation(
+                number=self.conversations,
+                ua=ex.ua,
+                served=ex.served_model,
+                family=family,
+                client=self.clients.key(ex.ua, family),
+                last=state,
+                turns=1,
+            )
+        else:
+            conv = link.conv
+            conv.turns += 1
+            self.clients.widen(ex.ua, conv.family, ex.tools.names)
+
+        btw: Between | None = None
+        if link is not None:
+            btw = between(s, link.conv.last.row_id, ex.served_model, conv.number)
+        verdict = losses(st, counts, btw, cfg)
+        row = Row(
+            id=ex.id,
+            api=ex.api,
+            model=model,
+            client=conv.client,
+            t_start_ms=ex.t_start,
+            kind=TURN,
+            side_call_shape=None,
+            session=s.number,
+            conversation=conv.number,
+            turn=conv.turns,
+            counts=counts,
+            composition=(st.system, st.tools, st.history, st.new),
+            linked_to=None if link is None else link.conv.last.row_id,
+            new_conversation=st.new_conversation,
+            prefix_tokens=st.prefix,
+            break_cause=st.break_cause,
+            compaction=st.compaction,
+            predicted_reuse=verdict.predicted_reuse,
+            observed_reuse=verdict.observed_reuse,
+            cause=verdict.cause,
+            lost_client=verdict.lost_client,
+            lost_external=verdict.lost_external,
+            side_calls_between=btw.side_calls if btw is not None else [],
+            other_conversations_between=btw.other_conversations if btw is not None else [],
+            other_domains_between=btw.other_domains if btw is not None else [],
+            loss_measured=loss_measured(counts),
+            served=ex.served_model,
+        )
+        conv.last = state
+        s.touch(conv)
+        s.ring.append(RingEntry(ex.id, ex.served_model, TURN, conv.number, None, conv.client))
+        return row, btw
+
+    @staticmethod
+    def _turn_state(ex: Exchange, st: Structure, counts: Counts) -> TurnState:
+        prompt = counts.prompt_tokens
+        rest_tokens = st.history[0] + st.new[0]
+        return TurnState(
+            row_id=ex.id,
+            sys=ex.hashes[: ex.n_sys],
+            tools_hash=ex.tools.hash,
+            rest=ex.hashes[ex.n_sys :],
+            rest_tokens=int(rest_tokens),
+            rest_source=weakest(st.history[1], st.new[1]),
+            prompt_server=int(prompt[0]) if prompt is not None and prompt[1] == SERVER else None,
+            requested_model=ex.requested_model,
+            structured=ex.structured,
+            has_tools=bool(ex.tools.names),
+            max_tokens=ex.max_tokens,
+            out_chars=ex.out_chars,
+        )
+
+    # -- output -----------------------------------------------------------
+
+    def header(self, stats: Any) -> dict[str, Any]:
+        """The report v1 without its rows."""
+        labels = self.clients.labels()
+        user_agents = [self.clients.user_agent(k) for k in range(len(labels))]
+        tool_stats = self.totals.tool_stats()
+        findings = self.findings.build(self.clients.label, tool_stats)
+        return build_header(self.totals, stats, labels, user_agents, findings, tool_stats)
+
+    def write_json(self, out: IO[bytes], stats: Any) -> None:
+        """The whole report v1, rows copied from the spill file."""
+        header = self.header(stats)
+        assert self.spill is not None
+        write_report(out, header, spilled_rows(self.spill, self.clients.labels()))
+
+    def row_lines(self) -> list[bytes]:
+        """The rows as JSON (for tests and small reports)."""
+        assert self.spill is not None
+        return list(spilled_rows(self.spill, self.clients.labels()))
+
+    def close(self) -> None:
+        if self.spill is not None:
+            self.spill.close()
+
+
+__all__ = ["STATELESS", "Engine"]

@@ -1,0 +1,338 @@
+"""From a recording record to the few facts the analysis needs.
+
+Full-mode bodies are digested here with the recorder's own functions, so a
+full and a digest recording of the same traffic give the same facts (R2).
+Nothing here keeps message text: only hashes, sizes and counters.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from llmp.analysis.measure import ESTIMATE, MV, TOKENIZER, estimate
+from llmp.chat import OTHER, chat_api, strip_query
+from llmp.digest import request_digest, response_digest
+
+_HASH = operator.itemgetter("hash")
+SYSTEM_ROLES = frozenset(("system", "developer"))
+MODEL_ROLES = frozenset(("assistant", "tool", "function", "ipython"))
+
+# Skip reasons, in the order they are checked.
+NOT_CHAT = "not_chat"
+ERROR = "error"
+NON_2XX = "non_2xx"
+UNPARSED = "unparsed"
+SKIP_REASONS = (NOT_CHAT, ERROR, NON_2XX, UNPARSED)
+
+
+class Skip:
+    """A record that does not become a row, and why."""
+
+    __slots__ = ("chat", "path", "reason")
+
+    def __init__(self, reason: str, path: str | None = None, chat: bool = False) -> None:
+        self.reason = reason
+        self.path = path
+        self.chat = chat
+
+
+class Tools:
+    """One distinct tools array: names, per-tool sizes, total size."""
+
+    __slots__ = ("entries", "hash", "names", "source", "tokens")
+
+    def __init__(
+        self, tools: list[Any], tokmap: dict[str, Any] | None, tools_hash: str | None
+    ) -> None:
+        self.hash = tools_hash
+        entries: list[tuple[str, int, str]] = []
+        total = 0
+        src = TOKENIZER if tokmap is not None else ESTIMATE
+        for t in tools:
+            if not isinstance(t, dict):
+                continue
+            name = t.get("name")
+            h = t.get("hash")
+            n = tokmap.get(h) if tokmap is not None and isinstance(h, str) else None
+            if type(n) is int:
+                tok, s = n, TOKENIZER
+            else:
+                chars = t.get("chars")
+                tok, s = estimate(chars if type(chars) is int else 0), ESTIMATE
+                src = ESTIMATE
+            entries.append((name if isinstance(name, str) else str(h), tok, s))
+            total += tok
+        self.entries = entries
+        self.names = frozenset(e[0] for e in entries)
+        self.tokens = total
+        self.source = src
+
+
+EMPTY_TOOLS = Tools([], None, None)
+
+
+class Exchange:
+    """One chat request that becomes a row, reduced to what the analysis uses."""
+
+    __slots__ = (
+        "_cum",
+        "api",
+        "has_model_msgs",
+        "hashes",
+        "id",
+        "max_tokens",
+        "msgs",
+        "n_sys",
+        "out_chars",
+        "out_tool_names",
+        "requested_model",
+        "served_model",
+        "streamed",
+        "structured",
+        "t_end",
+        "t_first_byte",
+        "t_start",
+        "tokmap",
+        "tools",
+        "top",
+        "ua",
+    )
+
+    id: int
+    api: str
+    t_start: int
+    t_first_byte: int | None
+    t_end: int
+    ua: str | None
+    requested_model: str | None
+    served_model: str
+    msgs: list[Any]
+    hashes: tuple[str, ...]
+    n_sys: int
+    has_model_msgs: bool
+    tools: Tools
+    structured: bool
+    max_tokens: int | None
+    tokmap: dict[str, Any] | None
+    top: dict[str, Any] | None
+    streamed: bool
+    out_chars: int
+    out_tool_names: list[str]
+    _cum: tuple[list[int], list[int]] | None
+
+    @property
+    def sys(self) -> tuple[str, ...]:
+        return self.hashes[: self.n_sys]
+
+    @property
+    def rest(self) -> tuple[str, ...]:
+        return self.hashes[self.n_sys :]
+
+    def msg_tokens(self, i: int) -> tuple[int, bool]:
+        """Tokens of message i, and whether they came from the tokenizer."""
+        m = self.msgs[i]
+        if self.tokmap is not None:
+            n = self.tokmap.get(self.hashes[i])
+            if type(n) is int:
+                return n, True
+        chars = m.get("chars") if isinstance(m, dict) else None
+        return estimate(chars if type(chars) is int else 0), False
+
+    def range_tokens(self, lo: int, hi: int) -> MV:
+        """Tokens of messages [lo, hi) with the weakest source."""
+        if self._cum is not None:
+            tok, est = self._cum
+            return tok[hi] - tok[lo], ESTIMATE if est[hi] - est[lo] else TOKENIZER
+        if self.tokmap is None:
+            total = 0
+            for m in self.msgs[lo:hi]:
+                c = m.get("chars")
+                if type(c) is int and c > 0:
+                    total += (c + 3) // 4
+            return total, ESTIMATE
+        self.cumulative()
+        return self.range_tokens(lo, hi)
+
+    def cumulative(self) -> tuple[list[int], list[int]]:
+        """Prefix sums of tokens and of estimated messages (built once, on demand)."""
+        if self._cum is None:
+            tok = [0]
+            est = [0]
+            t = e = 0
+            for i in range(len(self.hashes)):
+                n, exact = self.msg_tokens(i)
+                t += n
+                e += not exact
+                tok.append(t)
+                est.append(e)
+            self._cum = (tok, est)
+        return self._cum
+
+    def tokens_of(self, indices: list[int]) -> MV:
+        """Tokens of the given messages, with the weakest source."""
+        tok, est = self.cumulative()
+        total = 0
+        estimated = False
+        for i in indices:
+            total += tok[i + 1] - tok[i]
+            estimated = estimated or est[i + 1] != est[i]
+        if estimated or self.tokmap is None:
+            return total, ESTIMATE
+        return total, TOKENIZER
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _slow_hashes(msgs: list[Any]) -> tuple[tuple[str, ...], list[Any]]:
+    fixed: list[Any] = []
+    hashes: list[str] = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            m = {}
+        h = m.get("hash")
+        try:
+            hash(h)
+        except TypeError:
+            h = None
+        hashes.append(h if h is not None else f"?{i}")
+        fixed.append(m)
+    return tuple(hashes), fixed
+
+
+def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) -> Exchange | Skip:
+    """The Exchange of a record, or why it is skipped.
+
+    `tools_cache` maps a tools_hash to its Tools for records without
+    tokenizer counts, so a tools array resent on every turn is sized once.
+    """
+    req = rec.get("request")
+    if type(req) is not dict:
+        return Skip(UNPARSED)
+    method = req.get("method")
+    path = req.get("path")
+    if type(method) is not str or type(path) is not str:
+        return Skip(NOT_CHAT, strip_query(path) if isinstance(path, str) else "?")
+    api = chat_api(method, path)
+    if api == OTHER:
+        return Skip(NOT_CHAT, strip_query(path))
+    resp = rec.get("response")
+    if rec.get("error") is not None or type(resp) is not dict:
+        return Skip(ERROR, chat=True)
+    status = resp.get("status")
+    if type(status) is not int or not 200 <= status < 300:
+        return Skip(NON_2XX, chat=True)
+    digest = req.get("digest")
+    if digest is None:
+        body = req.get("body")
+        if isinstance(body, dict):
+            digest = request_digest(body, api)
+    if type(digest) is not dict:
+        return Skip(UNPARSED, chat=True)
+
+    rd = resp.get("digest")
+    if rd is None:
+        rbody = resp.get("body")
+        if isinstance(rbody, dict):
+            rd = response_digest(rbody)
+    if type(rd) is dict:
+        top = rd.get("usage")
+        out = rd.get("output")
+        if type(top) is not dict:
+            top = None
+    else:
+        top = out = None
+
+    ex = Exchange()
+    ex._cum = None
+    ex.id = rec["id"]
+    ex.api = api
+    t_start = ex.t_start = rec["t_start_ms"]
+    tfb = rec.get("t_first_byte_ms")
+    ex.t_first_byte = tfb if type(tfb) is int else None
+    te = rec.get("t_end_ms")
+    ex.t_end = te if type(te) is int else t_start
+    headers = req.get("headers")
+    ua = headers.get("user-agent") if type(headers) is dict else None
+    ex.ua = ua if type(ua) is str and ua else None
+    model = digest.get("model")
+    requested = ex.requested_model = model if type(model) is str and model else None
+    ex.top = top
+    served = top.get("model") if top is not None else None
+    ex.served_model = served if type(served) is str and served else requested or "unknown"
+    ex.streamed = resp.get("stream") is not None
+
+    msgs = digest.get("messages")
+    if type(msgs) is not list:
+        msgs = []
+    try:
+        hashes = tuple(map(_HASH, msgs))
+        hash(hashes)  # every element hashable: sets and lookups will work
+        n_sys = 0
+        for m in msgs:
+            if m["role"] not in SYSTEM_ROLES:
+                break
+            n_sys += 1
+        has_model = False
+        for m in msgs:
+            if m["role"] in MODEL_ROLES:
+                has_model = True
+                break
+    except (TypeError, KeyError):
+        hashes, msgs = _slow_hashes(msgs)
+        n_sys = 0
+        for m in msgs:
+            if m.get("role") not in SYSTEM_ROLES:
+                break
+            n_sys += 1
+        has_model = any(m.get("role") in MODEL_ROLES for m in msgs)
+    ex.msgs = msgs
+    ex.hashes = hashes
+    ex.n_sys = n_sys
+    ex.has_model_msgs = has_model
+
+    tokens = rec.get("tokens")
+    tokmap = tools_tok = None
+    if isinstance(tokens, dict):
+        tm = tokens.get("messages")
+        tokmap = tm if isinstance(tm, dict) else None
+        tt = tokens.get("tools")
+        tools_tok = tt if isinstance(tt, dict) else None
+    ex.tokmap = tokmap
+    tools = digest.get("tools")
+    th = digest.get("tools_hash")
+    if isinstance(tools, list) and tools:
+        th = th if isinstance(th, str) else None
+        if tools_tok is None and tools_cache is not None and th is not None:
+            cached = tools_cache.get(th)
+            if cached is None:
+                if len(tools_cache) > 4096:
+                    tools_cache.clear()
+                cached = tools_cache[th] = Tools(tools, None, th)
+            ex.tools = cached
+        else:
+            ex.tools = Tools(tools, tools_tok, th)
+    else:
+        ex.tools = EMPTY_TOOLS
+
+    params = digest.get("params")
+    params = params if isinstance(params, dict) else {}
+    ex.structured = params.get("response_format") is True or params.get("grammar") is True
+    mt = params.get("max_tokens")
+    ex.max_tokens = mt if type(mt) is int else None
+
+    names: list[str] = []
+    if type(out) is dict:
+        oc = out.get("content_chars")
+        ex.out_chars = oc if type(oc) is int else 0
+        calls = out.get("tool_calls")
+        if type(calls) is list:
+            for call in calls:
+                if type(call) is dict and type(name := call.get("name")) is str:
+                    names.append(name)
+    else:
+        ex.out_chars = 0
+    ex.out_tool_names = names
+    return ex

@@ -1,0 +1,449 @@
+"""Findings: what the rows add up to, as data (§10 of docs/analysis.md).
+
+Accumulated row by row under internal client keys; merged by final client
+label and turned into the spec's finding objects at the end.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from llmp.analysis.classify import SIDE_CALL, STATELESS, TURN
+from llmp.analysis.loss import (
+    OTHER_CONVERSATION,
+    OTHER_MODEL,
+    SERVER_EMPTY,
+    SERVER_HEAD_ONLY,
+    SERVER_KINDS,
+    Between,
+)
+from llmp.analysis.measure import ESTIMATE, MV, Sum, as_json, clean
+
+if TYPE_CHECKING:
+    from llmp.analysis.config import Config
+    from llmp.analysis.rows import Loss, Row
+
+SIDE_CALL_ON_MODEL = "side_call_on_conversation_model"
+PREFIX_BREAK = "prefix_break"
+SERVER_CACHE_LOSS = "server_cache_loss"
+OTHER_CONVERSATION_EVICTION = "other_conversation_eviction"
+OTHER_MODEL_EVICTION = "other_model_eviction"
+UNUSED_TOOL = "unused_tool"
+LARGE_TOOL_SCHEMA = "large_tool_schema"
+LARGE_SYSTEM_PROMPT = "large_system_prompt"
+
+HIGH, MEDIUM, LOW = "high", "medium", "low"
+_CONF_RANK = {HIGH: 0, MEDIUM: 1, LOW: 2}
+
+
+@dataclass
+class LossGroup:
+    """The rows of one loss finding and what they add up to."""
+
+    rows: list[int] = field(default_factory=list)
+    tokens: int = 0
+    measured: int = 0
+    unmeasured: int = 0
+    ms: Sum = field(default_factory=Sum)
+    untimed: list[int] = field(default_factory=list)
+    mixed: bool = False
+    # evidence
+    side_calls: dict[int, str | None] = field(default_factory=dict)
+    clients: set[int] = field(default_factory=set)
+    conversations: set[int] = field(default_factory=set)
+    stateless: set[int] = field(default_factory=set)
+    models: set[str] = field(default_factory=set)
+    turns_after: int = 0
+    links: int = 0
+    broken: int = 0
+    served: set[str] = field(default_factory=set)
+
+    def add_loss(self, row_id: int, loss: Loss | None, measured: bool) -> None:
+        """A row of this finding; `measured` says whether its loss was."""
+        self.rows.append(row_id)
+        if measured:
+            self.measured += 1
+        else:
+            self.unmeasured += 1
+        if loss is not None:
+            self.tokens += loss.tokens
+        if loss is None or loss.ms is None:
+            self.untimed.append(row_id)
+        else:
+            self.ms.add(loss.ms)
+
+    def merge(self, other: LossGroup) -> None:
+        self.rows.extend(other.rows)
+        self.tokens += other.tokens
+        self.measured += other.measured
+        self.unmeasured += other.unmeasured
+        self.ms.add(other.ms.result())
+        self.untimed.extend(other.untimed)
+        self.mixed = self.mixed or other.mixed
+        self.side_calls.update(other.side_calls)
+        self.clients |= other.clients
+        self.conversations |= other.conversations
+        self.stateless |= other.stateless
+        self.models |= other.models
+        self.turns_after += other.turns_after
+        self.links += other.links
+        self.broken += other.broken
+        self.served |= other.served
+
+
+@dataclass
+class ToolStats:
+    """One tool offered by one client."""
+
+    schema_tokens: int = 0
+    source: str = ESTIMATE
+    offered: int = 0
+    called: int = 0
+    first_t: int | None = None
+    last_t: int | None = None
+    sessions: set[int] = field(default_factory=set)
+
+    def merge(self, other: ToolStats) -> None:
+        if other.schema_tokens >= self.schema_tokens:
+            self.schema_tokens, self.source = other.schema_tokens, other.source
+        self.offered += other.offered
+        self.called += other.called
+        for t in (other.first_t, other.last_t):
+            if t is not None:
+                self.first_t = t if self.first_t is None else min(self.first_t, t)
+                self.last_t = t if self.last_t is None else max(self.last_t, t)
+        self.sessions |= other.sessions
+
+
+@dataclass
+class SystemStats:
+    tokens: int = 0
+    source: str = ESTIMATE
+    rows: list[int] = field(default_factory=list)
+    served: set[str] = field(default_factory=set)
+
+    def merge(self, other: SystemStats) -> None:
+        if other.tokens > self.tokens:
+            self.tokens, self.source = other.tokens, other.source
+        self.rows.extend(other.rows)
+        self.served |= other.served
+
+
+class Findings:
+    """Collects findings evidence from each row as it is made."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.side: dict[str, LossGroup] = {}
+        self.other_conv: dict[str, LossGroup] = {}
+        self.other_model: dict[str, LossGroup] = {}
+        self.server: dict[tuple[str, str], LossGroup] = {}
+        self.breaks: dict[tuple[int, str, str], LossGroup] = {}
+        self.links: Counter[tuple[int, str]] = Counter()
+        self.system: dict[int, SystemStats] = {}
+
+    def add(self, row: Row, btw: Between | None) -> None:
+        """Take what a row says about findings; `btw` is what ran before it."""
+        if row.kind != TURN:
+            return
+        self._system(row)
+        if row.linked_to is None or btw is None:
+            return
+        served = row.served
+        if not row.new_conversation:
+            self.links[(row.client, served)] += 1
+            if row.break_cause is not None and not row.compaction:
+                g = self.breaks.get((row.client, row.break_cause, served))
+                if g is None:
+                    g = self.breaks[(row.client, row.break_cause, served)] = LossGroup()
+                g.broken += 1
+                if row.lost_client is not None:
+                    g.add_loss(row.id, row.lost_client, row.loss_measured)
+
+        if btw.side_calls:
+            self._group(self.side, served).turns_after += 1
+        ext = row.lost_external
+        kinds = bool(btw.side_calls) + bool(btw.other_conversations) + bool(btw.other_domains)
+        if ext is not None:
+            cause = ext.cause
+            if cause in SERVER_KINDS:
+                if not btw.skipped:
+                    key = (served, cause)
+                    g = self.server.get(key)
+                    if g is None:
+                        g = self.server[key] = LossGroup()
+                    g.add_loss(row.id, ext, True)
+                return
+            self._eviction(cause, served, row.id, ext, btw, kinds > 1)
+        elif row.counts.reused_tokens is None and btw.would_cause is not None:
+            self._eviction(btw.would_cause, served, row.id, None, btw, kinds > 1)
+
+    @staticmethod
+    def _group(groups: dict[str, LossGroup], key: str) -> LossGroup:
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = LossGroup()
+        return g
+
+    def _eviction(
+        self, cause: str, served: str, row_id: int, loss: Loss | None, btw: Between, mixed: bool
+    ) -> None:
+        if cause == SIDE_CALL:
+            g = self._group(self.side, served)
+            for e in btw.entries:
+                if e.kind == SIDE_CALL and e.served == served:
+                    g.side_calls[e.id] = e.shape
+                    g.clients.add(e.client)
+        elif cause == OTHER_CONVERSATION:
+            g = self._group(self.other_conv, served)
+            others = set(btw.other_conversations)
+            for e in btw.entries:
+                if e.served != served or e.kind == SIDE_CALL:
+                    continue
+                if e.kind == STATELESS:
+                    g.stateless.add(e.id)
+                    g.clients.add(e.client)
+                elif e.id in others:
+                    if e.conversation is not None:
+                        g.conversations.add(e.conversation)
+                    g.clients.add(e.client)
+        elif cause == OTHER_MODEL:
+            g = self._group(self.other_model, served)
+            for e in btw.entries:
+                if e.served != served:
+                    g.models.add(e.served)
+        else:
+            return
+        g.mixed = g.mixed or mixed
+        g.add_loss(row_id, loss, loss is not None)
+
+    def _system(self, row: Row) -> None:
+        tokens, src = row.composition[0]
+        st = self.system.get(row.client)
+        if st is None:
+            st = self.system[row.client] = SystemStats()
+        if tokens > st.tokens:
+            st.tokens, st.source = int(tokens), src
+        if row.turn == 1 and tokens >= self.cfg.large_system_tokens:
+            st.rows.append(row.id)
+            st.served.add(row.served)
+
+    # -- the findings --------------------------------------------------
+
+    def build(
+        self,
+        label: Callable[[int], str],
+        tools: dict[tuple[int, str], ToolStats],
+    ) -> list[dict[str, Any]]:
+        """Every finding, merged by client label, sorted as §10 says."""
+        cfg = self.cfg
+        out: list[dict[str, Any]] = []
+
+        def labels(keys: set[int]) -> list[str]:
+            return sorted({label(k) for k in keys})
+
+        for served, g in self.side.items():
+            if not g.rows:
+                continue
+            shapes = Counter(s for s in g.side_calls.values() if s is not None)
+            f = self._loss_finding(SIDE_CALL_ON_MODEL, served, None, g, self._eviction_conf(g))
+            if f is not None:
+                f["evidence"] = {
+                    "shapes": dict(sorted(shapes.items())),
+                    "side_calls": len(g.side_calls),
+                    "turns_after_side_calls": g.turns_after,
+                    "clients": labels(g.clients),
+                }
+                out.append(f)
+        for served, g in self.other_conv.items():
+            f = self._loss_finding(
+                OTHER_CONVERSATION_EVICTION, served, None, g, self._eviction_conf(g)
+            )
+            if f is not None:
+                f["evidence"] = {
+                    "other_conversations": len(g.conversations) + len(g.stateless),
+                    "clients": labels(g.clients),
+                }
+                out.append(f)
+        for served, g in self.other_model.items():
+            f = self._loss_finding(OTHER_MODEL_EVICTION, served, None, g, self._eviction_conf(g))
+            if f is not None:
+                f["evidence"] = {"other_models": sorted(g.models)}
+                out.append(f)
+        for (served, kind), g in self.server.items():
+            if kind == SERVER_EMPTY:
+                conf = HIGH
+            elif kind == SERVER_HEAD_ONLY:
+                conf = HIGH if len(g.rows) >= 2 else MEDIUM
+            else:
+                conf = MEDIUM
+            f = self._loss_finding(SERVER_CACHE_LOSS, served, None, g, conf)
+            if f is not None:
+                f["evidence"] = {"kind": kind}
+                out.append(f)
+
+        merged: dict[tuple[str, str, str], LossGroup] = {}
+        links: Counter[tuple[str, str]] = Counter()
+        for (client, served), n in self.links.items():
+            links[(label(client), served)] += n
+        for (client, cause, served), g in self.breaks.items():
+            key = (label(client), cause, served)
+            if key in merged:
+                merged[key].merge(g)
+            else:
+                merged[key] = g
+        for (name, cause, served), g in merged.items():
+            if not g.rows:
+                continue
+            if g.measured == 0:
+                conf = LOW
+            elif g.broken >= 2 and g.unmeasured == 0:
+                conf = HIGH
+            else:
+                conf = MEDIUM
+            f = self._loss_finding(PREFIX_BREAK, served, name, g, conf, tokens_always=True)
+            if f is not None:
+                n_links = links[(name, served)]
+                f["evidence"] = {
+                    "break_cause": cause,
+                    "links": n_links,
+                    "broken": g.broken,
+                    "share": round(g.broken / n_links, 4) if n_links else None,
+                }
+                out.append(f)
+
+        sys_by_label: dict[str, SystemStats] = {}
+        for client, st in self.system.items():
+            name = label(client)
+            if name in sys_by_label:
+                sys_by_label[name].merge(st)
+            else:
+                sys_by_label[name] = st
+        for name, st in sys_by_label.items():
+            if st.tokens < cfg.large_system_tokens:
+                continue
+            out.append(
+                {
+                    "kind": LARGE_SYSTEM_PROMPT,
+                    "model": next(iter(st.served)) if len(st.served) == 1 else None,
+                    "client": name,
+                    "rows": sorted(st.rows),
+                    "lost_tokens": None,
+                    "lost_ms": None,
+                    "context_tokens": st.tokens,
+                    "confidence": MEDIUM if st.source == ESTIMATE else HIGH,
+                    "evidence": {"system_tokens": st.tokens, "threshold": cfg.large_system_tokens},
+                }
+            )
+
+        by_tool: dict[tuple[str, str], ToolStats] = {}
+        for (client, tool), ts in tools.items():
+            tkey = (label(client), tool)
+            if tkey in by_tool:
+                by_tool[tkey].merge(ts)
+            else:
+                merged_ts = ToolStats()
+                merged_ts.merge(ts)
+                by_tool[tkey] = merged_ts
+        for (name, tool), ts in by_tool.items():
+            if ts.called == 0 and ts.offered >= cfg.unused_tool_min_offered:
+                days = 0.0
+                if ts.first_t is not None and ts.last_t is not None:
+                    days = round((ts.last_t - ts.first_t) / 86_400_000, 4)
+                out.append(
+                    self._tool_finding(
+                        UNUSED_TOOL,
+                        name,
+                        ts,
+                        HIGH if ts.offered >= 5 * cfg.unused_tool_min_offered else MEDIUM,
+                        {
+                            "tool": tool,
+                            "offered": ts.offered,
+                            "days": days,
+                            "sessions": len(ts.sessions),
+                        },
+                    )
+                )
+            if ts.schema_tokens >= cfg.large_tool_tokens:
+                out.append(
+                    self._tool_finding(
+                        LARGE_TOOL_SCHEMA,
+                        name,
+                        ts,
+                        MEDIUM if ts.source == ESTIMATE else HIGH,
+                        {
+                            "tool": tool,
+                            "schema_tokens": ts.schema_tokens,
+                            "threshold": cfg.large_tool_tokens,
+                        },
+                    )
+                )
+        out.sort(key=sort_key)
+        return out
+
+    @staticmethod
+    def _eviction_conf(g: LossGroup) -> str:
+        if g.measured == 0:
+            return LOW
+        if g.unmeasured or g.mixed:
+            return MEDIUM
+        return HIGH
+
+    def _loss_finding(
+        self,
+        kind: str,
+        served: str,
+        client: str | None,
+        g: LossGroup,
+        confidence: str,
+        tokens_always: bool = False,
+    ) -> dict[str, Any] | None:
+        if not g.rows:
+            return None
+        has_tokens = g.measured > 0 or (tokens_always and g.tokens > 0)
+        if has_tokens and g.tokens < self.cfg.min_lost_tokens:
+            return None
+        ms: MV | None = g.ms.result()
+        return {
+            "kind": kind,
+            "model": served,
+            "client": client,
+            "rows": sorted(g.rows),
+            "lost_tokens": g.tokens if has_tokens else None,
+            "lost_ms": as_json(ms),
+            "context_tokens": None,
+            "confidence": confidence,
+            "evidence": {},
+            "untimed_rows": sorted(g.untimed),
+        }
+
+    @staticmethod
+    def _tool_finding(
+        kind: str, client: str, ts: ToolStats, confidence: str, evidence: dict[str, Any]
+    ) -> dict[str, Any]:
+        return {
+            "kind": kind,
+            "model": None,
+            "client": client,
+            "rows": [],
+            "lost_tokens": None,
+            "lost_ms": None,
+            "context_tokens": ts.schema_tokens,
+            "confidence": confidence,
+            "evidence": evidence,
+        }
+
+
+def sort_key(f: dict[str, Any]) -> tuple[int, float, float, str]:
+    """Confidence, then lost ms (largest first), then context tokens, then kind."""
+    ms = f.get("lost_ms")
+    ms_value = float(ms["value"]) if isinstance(ms, dict) else -1.0
+    ctx = f.get("context_tokens")
+    ctx_value = float(ctx) if isinstance(ctx, (int, float)) else -1.0
+    return (_CONF_RANK.get(f.get("confidence", LOW), 3), -ms_value, -ctx_value, f["kind"])
+
+
+__all__ = ["Findings", "LossGroup", "SystemStats", "ToolStats", "clean", "sort_key"]

@@ -1,0 +1,236 @@
+"""Conversations and how a request finds the earlier turn it follows (§6).
+
+State is per session and bounded: one `TurnState` (the last turn) per
+conversation, conversations kept in least-recently-active order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmp.analysis.config import Config
+    from llmp.analysis.exchange import Exchange
+
+RECENT = 64  # conversations the rules after a shared start look at
+
+CONTINUATION = "continuation"
+PREFIX = "prefix"
+OVERLAP = "overlap"
+SUMMARY = "summary"
+HEAD = "head"
+
+
+@dataclass(slots=True)
+class TurnState:
+    """What a later request is compared with: the last turn of a conversation."""
+
+    row_id: int
+    sys: tuple[str, ...]
+    tools_hash: str | None
+    rest: tuple[str, ...]
+    rest_tokens: int
+    rest_source: str
+    prompt_server: int | None
+    requested_model: str | None
+    structured: bool
+    has_tools: bool
+    max_tokens: int | None
+    out_chars: int
+    _rest_set: frozenset[str] | None = None
+
+    @property
+    def rest_set(self) -> frozenset[str]:
+        if self._rest_set is None:
+            self._rest_set = frozenset(self.rest)
+        return self._rest_set
+
+
+@dataclass(slots=True)
+class Conversation:
+    number: int
+    ua: str | None
+    served: str
+    family: int | None
+    client: int
+    last: TurnState
+    turns: int = 1
+    summaries: list[int] = field(default_factory=list)
+    first: str | None = None  # first rest message of the last turn, as indexed
+
+
+@dataclass(slots=True)
+class Link:
+    conv: Conversation
+    mode: str
+    k: int  # length of the shared start of the rest sequences
+
+
+@dataclass(slots=True)
+class RingEntry:
+    """A row as later rows see it when asking what ran in between."""
+
+    id: int
+    served: str
+    kind: str
+    conversation: int | None
+    shape: str | None
+    client: int
+
+
+class Session:
+    """Per-session state: conversations by (user-agent, served model), recent rows."""
+
+    def __init__(self, number: int, cfg: Config) -> None:
+        self.number = number
+        self.cfg = cfg
+        self.by_key: dict[tuple[str | None, str], OrderedDict[int, Conversation]] = {}
+        # Continuation and shared start need the same first rest message:
+        # this index finds those candidates without scanning every conversation.
+        self.by_first: dict[tuple[str | None, str, str], dict[int, Conversation]] = {}
+        self.recent_by_ua: dict[str | None, Conversation] = {}
+        self.lru: OrderedDict[int, Conversation] = OrderedDict()
+        self.ring: deque[RingEntry] = deque(maxlen=cfg.between_window)
+        self.skipped: deque[int] = deque(maxlen=1024)
+        # Served models whose Ollama counts proved the old prompt_eval_count meaning.
+        self.ollama_old: set[str] = set()
+
+    def candidates(self, ua: str | None, served: str) -> OrderedDict[int, Conversation] | None:
+        return self.by_key.get((ua, served))
+
+    def starting_with(
+        self, ua: str | None, served: str, first: str
+    ) -> dict[int, Conversation] | None:
+        return self.by_first.get((ua, served, first))
+
+    def _index(self, conv: Conversation, first: str | None) -> None:
+        if conv.first == first:
+            return
+        if conv.first is not None:
+            key = (conv.ua, conv.served, conv.first)
+            bucket = self.by_first.get(key)
+            if bucket is not None:
+                bucket.pop(conv.number, None)
+                if not bucket:
+                    del self.by_first[key]
+        conv.first = first
+        if first is not None:
+            self.by_first.setdefault((conv.ua, conv.served, first), {})[conv.number] = conv
+
+    def touch(self, conv: Conversation) -> None:
+        """Mark a conversation as the most recently active one."""
+        key = (conv.ua, conv.served)
+        group = self.by_key.get(key)
+        if group is None:
+            group = self.by_key[key] = OrderedDict()
+        group[conv.number] = conv
+        group.move_to_end(conv.number)
+        self.lru[conv.number] = conv
+        self.lru.move_to_end(conv.number)
+        self.recent_by_ua[conv.ua] = conv
+        rest = conv.last.rest
+        self._index(conv, rest[0] if rest else None)
+        while len(self.lru) > self.cfg.max_conversations:
+            _, old = self.lru.popitem(last=False)
+            self._index(old, None)
+            grp = self.by_key.get((old.ua, old.served))
+            if grp is not None:
+                grp.pop(old.number, None)
+                if not grp:
+                    del self.by_key[(old.ua, old.served)]
+            if self.recent_by_ua.get(old.ua) is old:
+                del self.recent_by_ua[old.ua]
+
+
+def _lcp(a: tuple[str, ...], b: tuple[str, ...]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def find_link(
+    ex: Exchange,
+    group: OrderedDict[int, Conversation] | None,
+    same_start: dict[int, Conversation] | None,
+    cfg: Config,
+) -> Link | None:
+    """The earlier turn this request follows, by the rules of §6, or None.
+
+    `group` holds the conversations of the same user-agent and served model;
+    `same_start` those of them whose last turn starts its rest as this one.
+    """
+    if not group:
+        return None
+    rest = ex.hashes[ex.n_sys :]
+    nrest = len(rest)
+
+    best: Conversation | None = None
+    if same_start:
+        # 1. Continuation: the candidate's rest is a prefix of ours; the
+        # longest wins, then the most recent.
+        best_n = 0
+        for c in same_start.values():
+            crest = c.last.rest
+            n = len(crest)
+            if (
+                n <= nrest
+                and (
+                    n > best_n
+                    or (n == best_n and best is not None and c.last.row_id > best.last.row_id)
+                )
+                and crest[-1] == rest[n - 1]
+                and rest[:n] == crest
+            ):
+                best, best_n = c, n
+        if best is not None:
+            return Link(best, CONTINUATION, best_n)
+
+        # 2. Longest shared start of the rest.
+        best_k = 0
+        for c in same_start.values():
+            k = _lcp(rest, c.last.rest)
+            if k > best_k or (
+                k == best_k and best is not None and c.last.row_id > best.last.row_id
+            ):
+                best, best_k = c, k
+        if best is not None:
+            return Link(best, PREFIX, best_k)
+
+    # The rarer rules look at the most recently active conversations only:
+    # a turn resumes one of those, and scanning hundreds per request would
+    # make every side-call and first turn cost as much as the whole state.
+    convs = list(itertools.islice(reversed(group.values()), RECENT))
+    # 3. Shared history after a broken start (aider's rewritten repo map).
+    if nrest >= 2:
+        mine = frozenset(rest)
+        for c in convs[:16]:
+            crest = c.last.rest
+            need = max(2, cfg.link_overlap * len(crest))
+            if nrest < need:
+                continue  # too short to hold that much of it (side-calls, first turns)
+            found = sum(1 for h in crest if h in mine)
+            if found >= 2 and found >= cfg.link_overlap * len(crest):
+                return Link(c, OVERLAP, 0)
+
+    # 4. The first message carries a summary this conversation produced.
+    if nrest:
+        m = ex.msgs[ex.n_sys]
+        chars = m.get("chars") if isinstance(m, dict) else None
+        if type(chars) is int:
+            wrap = cfg.summary_wrap_chars
+            for c in convs[:16]:
+                if any(cfg.summary_min_chars <= s <= chars <= s + wrap for s in c.summaries):
+                    return Link(c, SUMMARY, 0)
+
+    # 5. Only the head (system prompt or tools) is shared.
+    sys = ex.hashes[: ex.n_sys]
+    th = ex.tools.hash
+    for c in convs:
+        if (sys and c.last.sys == sys) or (th is not None and c.last.tools_hash == th):
+            return Link(c, HEAD, 0)
+    return None

@@ -1,0 +1,336 @@
+"""The readable report: the verdict for a person running agents on their machine.
+
+It reads only the report header (the same data `--json` prints) and the
+per-conversation summaries, so the words never disagree with the numbers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from llmp.analysis.report import ConversationSummary
+
+CAUSE_WORDS = {
+    "system_changed": "system prompt changed",
+    "tools_changed": "tool definitions changed",
+    "history_rewritten": "earlier messages rewritten",
+    "side_call": "side-calls evicted the cache",
+    "other_conversation": "other conversations evicted the cache",
+    "other_model": "another model ran in between",
+    "server_empty": "server lost its whole cache",
+    "server_head_only": "server kept only the head",
+    "server_rollback": "server re-processed the tail",
+}
+
+SHAPE_WORDS = {
+    "oneshot": "one-off (title, commit message)",
+    "summarise": "summary",
+    "structured": "structured-output",
+}
+
+
+def duration(ms: float | None) -> str:
+    """A duration as a person says it."""
+    if ms is None:
+        return "not timed"
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    s = ms / 1000
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _value(mv: Any) -> float | None:
+    return float(mv["value"]) if isinstance(mv, dict) else None
+
+
+def _lost(f: dict[str, Any]) -> str:
+    ms = _value(f.get("lost_ms"))
+    tokens = f.get("lost_tokens")
+    if ms is not None:
+        text = f"{duration(ms)} lost"
+        if tokens is not None:
+            text += f" ({tokens:,} tokens)"
+        return text
+    if tokens is not None:
+        return f"{tokens:,} tokens re-processed (not timed)"
+    return "loss not measured (the server reports no cache counters)"
+
+
+def _names(items: Sequence[str]) -> str:
+    items = list(items)
+    if not items:
+        return "a client"
+    if len(items) == 1:
+        return items[0]
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
+
+
+def sentence(f: dict[str, Any]) -> tuple[str, str]:
+    """One finding as (what happened, what would fix it)."""
+    kind = f["kind"]
+    ev = f.get("evidence", {})
+    model = short_model(f.get("model"))
+    n = len(f.get("rows", []))
+    if kind == "side_call_on_conversation_model":
+        shapes = ", ".join(SHAPE_WORDS.get(s, s) for s in ev.get("shapes", {})) or "side"
+        return (
+            f"{_names(ev.get('clients', []))}'s {shapes} side-calls ran on {model}, the model "
+            f"serving the conversation, and evicted the cache {_times(n)}: {_lost(f)}.",
+            "Give side-calls their own slot (llama-server -np 2 with a larger -c) or their own "
+            "model on another server.",
+        )
+    if kind == "prefix_break":
+        what = {
+            "system_changed": "changed its system prompt",
+            "tools_changed": "changed its tool definitions",
+            "history_rewritten": "rewrote earlier messages",
+        }.get(ev.get("break_cause"), "broke its prompt prefix")
+        fix = {
+            "system_changed": "Keep the system prompt byte-identical between turns: move dates, "
+            "times, directory listings and other changing text into the newest message.",
+            "tools_changed": "Send the same tools, in the same order and with the same "
+            "descriptions, on every turn.",
+            "history_rewritten": "Only append to the history: do not edit, reorder or drop "
+            "earlier messages; if the context must shrink, compact rarely and in big steps.",
+        }.get(ev.get("break_cause"), "Keep the start of the prompt stable.")
+        share = ev.get("share")
+        pct = f" ({share:.0%})" if isinstance(share, (int, float)) else ""
+        return (
+            f"{f.get('client')} {what} in {ev.get('broken')} of {ev.get('links')} turns{pct} "
+            f"on {model}: {_lost(f)}.",
+            fix,
+        )
+    if kind == "server_cache_loss":
+        sub = ev.get("kind")
+        if sub == "server_empty":
+            return (
+                f"{model} lost its whole cache {_times(n)} with nothing else running in between: "
+                f"{_lost(f)}.",
+                "Look for server restarts, the model being unloaded when idle (Ollama's "
+                "keep_alive, 5 min by default), or requests landing on another slot "
+                "(llama-server -np > 1).",
+            )
+        if sub == "server_head_only":
+            return (
+                f"{model} kept only the start of the prompt {_times(n)}: {_lost(f)}.",
+                "The server restored only a shared head (a system prompt from another slot or "
+                "a prompt cache): give each agent its own slot and enough --cache-ram.",
+            )
+        return (
+            f"{model} re-processed the end of the cached prompt {_times(n)}: {_lost(f)}.",
+            "On SWA or hybrid models llama-server restores from checkpoints (try --swa-full or "
+            "more --ctx-checkpoints); a chat template that re-renders earlier turns, for example "
+            "by dropping reasoning, does the same.",
+        )
+    if kind == "other_conversation_eviction":
+        k = ev.get("other_conversations", 0)
+        return (
+            f"{k} other conversation{'s' if k != 1 else ''} ({_names(ev.get('clients', []))}) ran "
+            f"on {model} between turns and evicted the cache {_times(n)}: {_lost(f)}.",
+            "Give each agent its own slot (llama-server -np N with -c large enough for N "
+            "contexts), or run them one at a time.",
+        )
+    if kind == "other_model_eviction":
+        return (
+            f"Requests to {_names([short_model(m) for m in ev.get('other_models', [])])} ran "
+            f"between turns on {model}, and "
+            f"its cache was gone {_times(n)}: {_lost(f)}.",
+            "Keep both models loaded (OLLAMA_MAX_LOADED_MODELS, llama-swap groups), or serve "
+            "each model from its own server.",
+        )
+    if kind == "unused_tool":
+        return (
+            f"{f.get('client')} offered the tool {ev.get('tool')} in {ev.get('offered')} requests "
+            f"over {ev.get('days', 0):.1f} days and never called it; it costs "
+            f"{f.get('context_tokens')} tokens of every prompt.",
+            "Remove it, or offer it only when it is needed.",
+        )
+    if kind == "large_tool_schema":
+        return (
+            f"{f.get('client')}'s tool {ev.get('tool')} takes {ev.get('schema_tokens')} tokens "
+            f"(threshold {ev.get('threshold')}).",
+            "Shorten its description and schema.",
+        )
+    if kind == "large_system_prompt":
+        return (
+            f"{f.get('client')}'s system prompt is {ev.get('system_tokens')} tokens (threshold "
+            f"{ev.get('threshold')}); every cache miss re-processes it.",
+            "Trim it, or move rarely needed instructions into tools or files read on demand.",
+        )
+    return (f"{kind}: {_lost(f)}.", "")
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def short_model(name: str | None) -> str:
+    """A model file path as its file name; a model name as it is."""
+    if not name:
+        return "the model"
+    return name.rsplit("/", 1)[-1] if "/" in name and name.endswith((".gguf", ".bin")) else name
+
+
+def render(
+    console: Console,
+    header: dict[str, Any],
+    conversations: dict[int, ConversationSummary],
+    label: Callable[[int], str],
+    sessions: int,
+    side_calls: int = 0,
+    stateless: int = 0,
+    per_client: int = 15,
+) -> None:
+    """Print the readable report."""
+    cov = header["coverage"]
+    window = header["window"]
+    console.print(Text("llmp analyze", style="bold"))
+    if window is None:
+        console.print("The recording holds no records.")
+        return
+
+    # What was recorded.
+    skipped = {k: v for k, v in cov["skipped"].items() if v}
+    span = duration(float(window["end_ms"] - window["start_ms"]))
+    lines = [
+        f"{_n(cov['records'], 'record')} from {_when(window['start_ms'])} to "
+        f"{_when(window['end_ms'])} UTC ({span}), {_n(sessions, 'session')}.",
+        f"{_n(cov['analysed'], 'chat request')} analysed: {_n(cov['turns'], 'turn')} in "
+        f"{_n(cov['conversations'], 'conversation')}, {_n(side_calls, 'side-call')}"
+        + (f", {_n(stateless, 'stateless request')}." if stateless else "."),
+    ]
+    if skipped:
+        lines.append(
+            "Skipped: "
+            + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in skipped.items())
+            + "."
+        )
+    if cov["bad_lines"]:
+        lines.append(f"{cov['bad_lines']:,} lines could not be read.")
+    if cov["turns"]:
+        lines.append(
+            f"The server reported cache reuse for {cov['turns_with_reuse']:,} turns and timing "
+            f"for {cov['turns_with_timing']:,}."
+        )
+    for line in lines:
+        console.print(line)
+    console.print()
+
+    # Prefill and loss.
+    t = header["time"]
+    prefill = _value(t["prefill_ms"])
+    lost = _value(t["lost_ms"])
+    if prefill is None:
+        console.print("No request was timed, so the prefill time is unknown.")
+    else:
+        detail = f"{t['lost_tokens']:,} tokens"
+        if lost is not None and prefill > 0:
+            detail = f"{lost / prefill:.0%}, " + detail
+        console.print(
+            Text.assemble(
+                "Prefill took ",
+                (duration(prefill), "bold"),
+                ". ",
+                (
+                    duration(lost) if lost is not None else "An unknown part",
+                    "bold red" if lost else "bold",
+                ),
+                f" of it ({detail}) went to re-processing tokens the server could have reused.",
+            )
+        )
+    if t["by_cause"]:
+        table = Table(title="Loss by cause", title_justify="left")
+        table.add_column("cause")
+        table.add_column("turns", justify="right")
+        table.add_column("tokens", justify="right")
+        table.add_column("time", justify="right")
+        table.add_column("% of prefill", justify="right")
+        causes = sorted(
+            t["by_cause"].items(),
+            key=lambda kv: -(_value(kv[1]["ms"]) or 0) - kv[1]["tokens"] / 1e9,
+        )
+        for cause, c in causes:
+            ms = _value(c["ms"])
+            pct = f"{ms / prefill:.1%}" if ms is not None and prefill else "-"
+            table.add_row(
+                CAUSE_WORDS.get(cause, cause), str(c["rows"]), f"{c['tokens']:,}", duration(ms), pct
+            )
+        console.print(table)
+    console.print()
+
+    # Findings.
+    findings = header["findings"]
+    if findings:
+        console.print(Text("Findings", style="bold"))
+        for i, f in enumerate(findings, 1):
+            what, fix = sentence(f)
+            console.print(Text.assemble(f"{i}. ", (f"[{f['confidence']}] ", "dim"), what))
+            if fix:
+                console.print(Text.assemble("   ", ("Fix: ", "bold green"), fix))
+    else:
+        console.print("No findings: nothing was lost that the recording can show.")
+    console.print()
+
+    # Per client, its conversations.
+    by_client: dict[str, list[ConversationSummary]] = {}
+    for conv in conversations.values():
+        by_client.setdefault(label(conv.client), []).append(conv)
+    for cl in header["clients"]:
+        name = cl["client"]
+        convs = by_client.get(name, [])
+        title = (
+            f"{name}: {_n(cl['requests'], 'request')}, {_n(cl['conversations'], 'conversation')}, "
+            f"{_n(len(cl['tools']), 'tool')}"
+        )
+        if not convs:
+            console.print(Text(title, style="bold"))
+            continue
+        table = Table(title=title, title_justify="left")
+        for col, just in (
+            ("conv", "right"),
+            ("model", "left"),
+            ("started", "left"),
+            ("turns", "right"),
+            ("last prompt", "right"),
+            ("prefill", "right"),
+            ("lost", "right"),
+        ):
+            table.add_column(col, justify=just)  # type: ignore[arg-type]
+        convs.sort(key=lambda c: (-(_mv(c.lost_ms.result()) or 0), c.number))
+        for conv in convs[:per_client]:
+            table.add_row(
+                str(conv.number),
+                conv.model,
+                _when(conv.first_t),
+                str(conv.turns),
+                f"{conv.prompt_tokens:,}" if conv.prompt_tokens is not None else "-",
+                duration(_mv(conv.prefill.result())),
+                duration(_mv(conv.lost_ms.result())) if conv.lost_tokens else "-",
+            )
+        if len(convs) > per_client:
+            table.caption = f"… and {len(convs) - per_client} more conversations"
+        console.print(table)
+
+
+def _mv(mv: tuple[float, str] | None) -> float | None:
+    return None if mv is None else mv[0]

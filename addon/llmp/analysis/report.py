@@ -1,0 +1,374 @@
+"""The report v1: totals summed from rows, and writing it with rows streamed.
+
+Rows are spilled to a temporary file as they are made; the report's other
+parts are summed as rows go by, and at the end the header is written and the
+rows copied behind it, so memory never holds the rows.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING, Any
+
+import orjson
+
+from llmp.analysis.classify import TURN
+from llmp.analysis.counters import FIELDS
+from llmp.analysis.exchange import SKIP_REASONS, Exchange, Tools
+from llmp.analysis.findings import ToolStats
+from llmp.analysis.measure import MV, SERVER, Sum, as_json, clean
+from llmp.analysis.rows import Row, join_spilled
+
+if TYPE_CHECKING:
+    from llmp.reader import ReadStats
+
+REPORT_VERSION = 1
+
+
+class Spill:
+    """Finished rows, serialised, in a temporary file."""
+
+    def __init__(self) -> None:
+        self._file: IO[bytes] = tempfile.TemporaryFile(prefix="llmp-rows-")
+        self.count = 0
+
+    def write(self, row: Row) -> None:
+        self._file.write(row.spill_line())
+        self.count += 1
+
+    def lines(self) -> Iterator[bytes]:
+        self._file.flush()
+        self._file.seek(0)
+        yield from self._file
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass
+class ConversationSummary:
+    """What the readable report shows per conversation."""
+
+    number: int
+    client: int
+    model: str
+    served: str
+    session: int
+    turns: int = 0
+    first_t: int = 0
+    last_t: int = 0
+    prompt_tokens: int | None = None
+    prefill: Sum = field(default_factory=Sum)
+    lost_tokens: int = 0
+    lost_ms: Sum = field(default_factory=Sum)
+
+
+@dataclass
+class _Cause:
+    tokens: int = 0
+    ms: Sum = field(default_factory=Sum)
+    rows: int = 0
+
+
+@dataclass
+class _Client:
+    requests: int = 0
+    conversations: int = 0
+    tools: dict[str, None] = field(default_factory=dict)
+    first_id: int = 0
+
+
+class Totals:
+    """Everything outside `rows`, summed as rows (and skipped records) go by."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.skipped: Counter[str] = Counter()
+        self.paths: Counter[str] = Counter()
+        self.start_ms: int | None = None
+        self.end_ms: int | None = None
+        self.analysed = 0
+        self.turns = 0
+        self.turns_with_reuse = 0
+        self.turns_with_timing = 0
+        self.side_calls = 0
+        self.stateless = 0
+        self.conversations = 0
+        self.servers: dict[str, set[str]] = {}
+        self._unseen: dict[str, list[str]] = {}
+        self.prefill = Sum()
+        self.lost_ms = Sum()
+        self.lost_tokens = 0
+        self.by_cause: dict[str, _Cause] = {}
+        self.composition: list[float] = [0, 0, 0, 0]
+        self.clients: dict[int, _Client] = {}
+        self.offers: dict[tuple[int, str], list[Any]] = {}
+        self.called: Counter[tuple[int, str]] = Counter()
+        self.convs: dict[int, ConversationSummary] = {}
+        self.sessions: set[int] = set()
+
+    def record(self, t_start: int) -> None:
+        self.records += 1
+        if self.start_ms is None or t_start < self.start_ms:
+            self.start_ms = t_start
+        if self.end_ms is None or t_start > self.end_ms:
+            self.end_ms = t_start
+
+    def skip(self, reason: str, path: str | None) -> None:
+        self.skipped[reason] += 1
+        if path is not None:
+            self.paths[path] += 1
+
+    def offer(self, client: int, ex: Exchange, session: int) -> None:
+        """Tools offered and called by a row's request and reply."""
+        tools = ex.tools
+        if tools.names:
+            key = (client, tools.hash or ",".join(sorted(tools.names)))
+            entry = self.offers.get(key)
+            if entry is None:
+                self.offers[key] = [tools, 1, ex.t_start, ex.t_start, {session}]
+            else:
+                if tools.tokens >= entry[0].tokens:
+                    entry[0] = tools
+                entry[1] += 1
+                entry[3] = ex.t_start
+                entry[4].add(session)
+            cl = self.clients.get(client)
+            if cl is not None:
+                for name, _, _ in tools.entries:
+                    if name not in cl.tools:
+                        cl.tools[name] = None
+        for name in ex.out_tool_names:
+            self.called[(client, name)] += 1
+
+    def add(self, row: Row) -> None:
+        """Sum one row into every total."""
+        self.analysed += 1
+        self.sessions.add(row.session)
+        c = row.counts
+        cl = self.clients.get(row.client)
+        if cl is None:
+            cl = self.clients[row.client] = _Client(first_id=row.id)
+        cl.requests += 1
+        reported = self.servers.get(row.api)
+        if reported is None:
+            reported = self.servers[row.api] = set()
+            self._unseen[row.api] = list(FIELDS)
+        unseen = self._unseen[row.api]
+        if unseen:
+            for f in [f for f in unseen if (v := getattr(c, f)) is not None and v[1] == SERVER]:
+                reported.add(f)
+                unseen.remove(f)
+        self.prefill.add(c.prefill_ms)
+        comp, total = row.composition, self.composition
+        total[0] += comp[0][0]
+        total[1] += comp[1][0]
+        total[2] += comp[2][0]
+        total[3] += comp[3][0]
+        if row.kind == TURN:
+            self.turns += 1
+            self.turns_with_reuse += c.reused_tokens is not None
+            self.turns_with_timing += c.prefill_ms is not None
+            if row.turn == 1:
+                self.conversations += 1
+                cl.conversations += 1
+            self._conversation(row)
+        elif row.kind == "side_call":
+            self.side_calls += 1
+        else:
+            self.stateless += 1
+        if row.lost_client is None and row.lost_external is None:
+            return
+        for loss in (row.lost_client, row.lost_external):
+            if loss is None:
+                continue
+            self.lost_tokens += loss.tokens
+            self.lost_ms.add(loss.ms)
+            cause = self.by_cause.get(loss.cause)
+            if cause is None:
+                cause = self.by_cause[loss.cause] = _Cause()
+            cause.tokens += loss.tokens
+            cause.ms.add(loss.ms)
+            cause.rows += 1
+
+    def _conversation(self, row: Row) -> None:
+        assert row.conversation is not None
+        s = self.convs.get(row.conversation)
+        if s is None:
+            s = self.convs[row.conversation] = ConversationSummary(
+                row.conversation,
+                row.client,
+                row.model,
+                row.served,
+                row.session,
+                first_t=row.t_start_ms,
+            )
+        s.turns += 1
+        s.last_t = row.t_start_ms
+        p = row.counts.prompt_tokens
+        s.prompt_tokens = int(p[0]) if p is not None else None
+        s.prefill.add(row.counts.prefill_ms)
+        for loss in (row.lost_client, row.lost_external):
+            if loss is not None:
+                s.lost_tokens += loss.tokens
+                s.lost_ms.add(loss.ms)
+
+    def tool_stats(self) -> dict[tuple[int, str], ToolStats]:
+        """Per client key and tool name: size, offers, calls, when, sessions."""
+        out: dict[tuple[int, str], ToolStats] = {}
+        for (client, _), (tools, n, first, last, sessions) in self.offers.items():
+            assert isinstance(tools, Tools)
+            for name, tokens, src in tools.entries:
+                ts = out.get((client, name))
+                if ts is None:
+                    ts = out[(client, name)] = ToolStats()
+                if tokens >= ts.schema_tokens:
+                    ts.schema_tokens, ts.source = tokens, src
+                ts.offered += n
+                ts.first_t = first if ts.first_t is None else min(ts.first_t, first)
+                ts.last_t = last if ts.last_t is None else max(ts.last_t, last)
+                ts.sessions |= sessions
+        for (client, name), ts in out.items():
+            ts.called = self.called.get((client, name), 0)
+        return out
+
+
+def build_header(
+    totals: Totals,
+    stats: ReadStats,
+    labels: list[str],
+    user_agents: list[str | None],
+    findings: list[dict[str, Any]],
+    tool_stats: dict[tuple[int, str], ToolStats],
+) -> dict[str, Any]:
+    """Every field of the report v1 except `rows`, in the spec's order."""
+    window = None
+    if totals.start_ms is not None and totals.end_ms is not None:
+        window = {
+            "start_ms": totals.start_ms,
+            "end_ms": totals.end_ms,
+            "days": round((totals.end_ms - totals.start_ms) / 86_400_000, 4),
+        }
+    prefill = totals.prefill.result()
+    lost_ms: MV | None = None
+    if totals.turns_with_timing:
+        lost_ms = totals.lost_ms.result()
+        if lost_ms is None and prefill is not None:
+            lost_ms = (0, prefill[1])  # timed, and nothing lost
+    by_cause = {
+        cause: {"tokens": c.tokens, "ms": as_json(c.ms.result()), "rows": c.rows}
+        for cause, c in sorted(totals.by_cause.items())
+    }
+
+    clients: dict[str, dict[str, Any]] = {}
+    for key in sorted(totals.clients, key=lambda k: totals.clients[k].first_id):
+        cl = totals.clients[key]
+        name = labels[key]
+        entry = clients.get(name)
+        if entry is None:
+            entry = clients[name] = {
+                "client": name,
+                "user_agent": user_agents[key],
+                "requests": 0,
+                "conversations": 0,
+                "tools": [],
+            }
+        entry["requests"] += cl.requests
+        entry["conversations"] += cl.conversations
+        for tool in cl.tools:
+            if tool not in entry["tools"]:
+                entry["tools"].append(tool)
+
+    merged: dict[tuple[str, str], ToolStats] = {}
+    order: list[tuple[str, str]] = []
+    for (key, tool), ts in tool_stats.items():
+        k = (labels[key], tool)
+        if k not in merged:
+            merged[k] = ToolStats()
+            order.append(k)
+        merged[k].merge(ts)
+    client_order = {name: i for i, name in enumerate(clients)}
+    order.sort(key=lambda k: (client_order.get(k[0], len(client_order)),))
+    tools = [
+        {
+            "client": name,
+            "name": tool,
+            "schema_tokens": merged[(name, tool)].schema_tokens,
+            "offered": merged[(name, tool)].offered,
+            "called": merged[(name, tool)].called,
+        }
+        for name, tool in order
+    ]
+
+    servers = [
+        {"api": api, "fields": [f for f in FIELDS if f in fields]}
+        for api, fields in sorted(totals.servers.items())
+    ]
+    return {
+        "v": REPORT_VERSION,
+        "window": window,
+        "coverage": {
+            "records": totals.records,
+            "analysed": totals.analysed,
+            "skipped": {reason: totals.skipped.get(reason, 0) for reason in SKIP_REASONS},
+            "paths": dict(sorted(totals.paths.items())),
+            "bad_lines": stats.bad_lines,
+            "turns": totals.turns,
+            "conversations": totals.conversations,
+            "turns_with_reuse": totals.turns_with_reuse,
+            "turns_with_timing": totals.turns_with_timing,
+        },
+        "servers": servers,
+        "time": {
+            "prefill_ms": as_json(prefill),
+            "lost_ms": as_json(lost_ms),
+            "lost_tokens": totals.lost_tokens,
+            "by_cause": by_cause,
+        },
+        "composition": dict(
+            zip(
+                ("system", "tools", "history", "new_content"),
+                [int(v) for v in totals.composition],
+                strict=True,
+            )
+        ),
+        "clients": list(clients.values()),
+        "tools": tools,
+        "findings": findings,
+    }
+
+
+def write_report(out: IO[bytes], header: dict[str, Any], rows: Iterator[bytes]) -> None:
+    """The report as one JSON document: the header, then the rows streamed."""
+    head = orjson.dumps(header)
+    out.write(head[:-1])
+    out.write(b',"rows":[')
+    first = True
+    for row in rows:
+        if not first:
+            out.write(b",")
+        out.write(row)
+        first = False
+    out.write(b"]}\n")
+
+
+def spilled_rows(spill: Spill, labels: list[str]) -> Iterator[bytes]:
+    """The spilled rows with their final client labels."""
+    encoded = [orjson.dumps(label) for label in labels]
+    for line in spill.lines():
+        yield join_spilled(line, encoded)
+
+
+__all__ = [
+    "REPORT_VERSION",
+    "ConversationSummary",
+    "Spill",
+    "Totals",
+    "build_header",
+    "clean",
+    "spilled_rows",
+    "write_report",
+]

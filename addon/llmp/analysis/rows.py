@@ -1,0 +1,149 @@
+"""The per-request row of the report, and how it is written.
+
+A row is final when it is made; only its client label is not (a second tool
+family may appear later), so it is serialised in two halves around the
+`client` field and the label is put in when the report is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from llmp.analysis.counters import Counts
+from llmp.analysis.measure import MV, as_json, clean
+
+COMPOSITION = ("system", "tools", "history", "new_content")
+
+# `"api":…,"model":…` as JSON, per distinct pair: most rows share a handful.
+_HEADS: dict[tuple[str, str], bytes] = {}
+
+
+@dataclass(slots=True)
+class Loss:
+    """`lost_client` / `lost_external`: a cause, tokens, and ms when timed."""
+
+    cause: str
+    tokens: int
+    ms: MV | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"cause": self.cause, "tokens": self.tokens, "ms": as_json(self.ms)}
+
+
+@dataclass(slots=True)
+class Row:
+    """One analysed request; every number outside `rows` is summed from these."""
+
+    id: int
+    api: str
+    model: str
+    client: int
+    t_start_ms: int
+    kind: str
+    side_call_shape: str | None
+    session: int
+    conversation: int | None
+    turn: int | None
+    counts: Counts
+    composition: tuple[MV, MV, MV, MV]
+    linked_to: int | None = None
+    new_conversation: bool = False
+    prefix_tokens: int | None = None
+    break_cause: str | None = None
+    compaction: bool = False
+    predicted_reuse: float | None = None
+    observed_reuse: float | None = None
+    cause: str | None = None
+    lost_client: Loss | None = None
+    lost_external: Loss | None = None
+    side_calls_between: list[int] = field(default_factory=list)
+    other_conversations_between: list[int] = field(default_factory=list)
+    other_domains_between: list[int] = field(default_factory=list)
+    loss_measured: bool = False
+    # Not in the report: what the aggregates need besides the row fields.
+    served: str = ""
+
+    def head(self) -> dict[str, Any]:
+        return {"id": self.id, "api": self.api, "model": self.model}
+
+    def tail(self) -> dict[str, Any]:
+        c = self.counts
+        comp = self.composition
+        return {
+            "t_start_ms": self.t_start_ms,
+            "kind": self.kind,
+            "side_call_shape": self.side_call_shape,
+            "session": self.session,
+            "conversation": self.conversation,
+            "turn": self.turn,
+            "counts": {
+                "prompt_tokens": None
+                if (v := c.prompt_tokens) is None
+                else {"value": v[0], "source": v[1]},
+                "completion_tokens": None
+                if (v := c.completion_tokens) is None
+                else {"value": v[0], "source": v[1]},
+                "reused_tokens": None
+                if (v := c.reused_tokens) is None
+                else {"value": v[0], "source": v[1]},
+                "evaluated_tokens": None
+                if (v := c.evaluated_tokens) is None
+                else {"value": v[0], "source": v[1]},
+                "prefill_ms": None
+                if (v := c.prefill_ms) is None
+                else {"value": v[0], "source": v[1]},
+                "decode_ms": None
+                if (v := c.decode_ms) is None
+                else {"value": v[0], "source": v[1]},
+                "load_ms": None if (v := c.load_ms) is None else {"value": v[0], "source": v[1]},
+            },
+            "composition": {
+                "system": {"value": comp[0][0], "source": comp[0][1]},
+                "tools": {"value": comp[1][0], "source": comp[1][1]},
+                "history": {"value": comp[2][0], "source": comp[2][1]},
+                "new_content": {"value": comp[3][0], "source": comp[3][1]},
+            },
+            "linked_to": self.linked_to,
+            "new_conversation": self.new_conversation,
+            "prefix_tokens": self.prefix_tokens,
+            "break_cause": self.break_cause,
+            "compaction": self.compaction,
+            "predicted_reuse": self.predicted_reuse,
+            "observed_reuse": self.observed_reuse,
+            "cause": self.cause,
+            "lost_client": None if self.lost_client is None else self.lost_client.as_json(),
+            "lost_external": None if self.lost_external is None else self.lost_external.as_json(),
+            "side_calls_between": self.side_calls_between,
+            "other_conversations_between": self.other_conversations_between,
+            "other_domains_between": self.other_domains_between,
+            "loss_measured": self.loss_measured,
+        }
+
+    def spill_line(self) -> bytes:
+        """`<client>\\t<head without "}">\\t<tail without "{">\\n`: JSON has no raw tabs."""
+        key = (self.api, self.model)
+        mid = _HEADS.get(key)
+        if mid is None:
+            if len(_HEADS) > 4096:
+                _HEADS.clear()
+            mid = _HEADS[key] = orjson.dumps({"api": self.api, "model": self.model})[1:-1]
+        return b'%d\t{"id":%d,%s\t%s\n' % (self.client, self.id, mid, orjson.dumps(self.tail())[1:])
+
+    def as_json(self, label: str) -> dict[str, Any]:
+        """The row as the report writes it (for tests and the live view)."""
+        out = self.head()
+        out["client"] = label
+        out.update(self.tail())
+        return out
+
+
+def join_spilled(line: bytes, labels: list[bytes]) -> bytes:
+    """A spilled row with its client label put back."""
+    key, head, tail = line.rstrip(b"\n").split(b"\t", 2)
+    return head + b',"client":' + labels[int(key)] + b"," + tail
+
+
+__all__ = ["COMPOSITION", "Loss", "Row", "clean", "join_spilled"]
