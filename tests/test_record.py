@@ -220,3 +220,25 @@ def test_empty_body_all_null_and_first_byte_null() -> None:
     assert rec["t_first_byte_ms"] is None
     assert rec["response"]["body"] is None and rec["response"]["body_text"] is None
     assert rec["response"]["digest"] is None and rec["response"]["body_bytes"] == 0
+
+
+def test_hangup_after_done_is_not_client_disconnected() -> None:
+    # openai-python closes as soon as it reads [DONE], sometimes before the
+    # chunked terminator: the client had the whole response.
+    cap = _with_pieces(_cap(error="client_disconnected"), SSE)
+    assert build_record(cap, "digest")["error"] is None
+    cut = SSE[: SSE.index(b"data: [DONE]")]
+    cap = _with_pieces(_cap(error="client_disconnected"), cut)
+    assert build_record(cap, "digest")["error"] == "client_disconnected"
+    # past the limit, the tail still shows the end
+    cap = _with_pieces(_cap(error="client_disconnected"), SSE, size=5, limit=40)
+    assert cap.truncated and build_record(cap, "digest")["error"] is None
+
+
+def test_hangup_after_whole_plain_body() -> None:
+    body = b'{"choices":[{"message":{"content":"hi"}}]}'
+    headers = {"content-type": "application/json", "content-length": str(len(body))}
+    cap = _with_pieces(_cap(error="client_disconnected", response_headers=headers), body)
+    assert build_record(cap, "digest")["error"] is None
+    cap = _with_pieces(_cap(error="client_disconnected", response_headers=headers), body[:10])
+    assert build_record(cap, "digest")["error"] == "client_disconnected"

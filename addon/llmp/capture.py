@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+TAIL_BYTES = 64
 KEPT_HEADERS = ("user-agent", "content-type", "content-length", "transfer-encoding")
 
 
@@ -49,6 +50,7 @@ class Capture:
     response_body_bytes: int = 0
     stored_bytes: int = 0
     truncated: bool = False
+    tail: bytes = b""  # the last bytes relayed, kept even past the limit
     t_first_byte_ms: int | None = None
     t_end_ms: int | None = None
     error: str | None = None
@@ -66,6 +68,7 @@ class Capture:
         if self.t_first_byte_ms is None:
             self.t_first_byte_ms = now_ms()
         self.response_body_bytes += size
+        self.tail = (self.tail + piece[-TAIL_BYTES:])[-TAIL_BYTES:]
         if self.truncated:
             return
         room = limit - self.stored_bytes

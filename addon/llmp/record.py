@@ -14,6 +14,7 @@ from llmp import canonical
 from llmp.capture import Capture
 from llmp.chat import OTHER, chat_api
 from llmp.digest import request_digest, response_digest
+from llmp.errors import CLIENT_DISCONNECTED
 from llmp.merge import StreamCapture, sniff_stream
 
 RECORD_VERSION = 1
@@ -134,6 +135,8 @@ def _response_part(cap: Capture, mode: str, api: str) -> dict[str, Any] | None:
     digest_ok = api != OTHER and 200 <= cap.status < 300
     if kind is None:
         data = b"".join(data_pieces)
+        if cap.error == CLIENT_DISCONNECTED and _plain_complete(cap):
+            cap.error = None
         if cap.truncated:
             if mode == FULL and data:
                 part["body_text"] = data.decode("utf-8", "replace")
@@ -148,6 +151,8 @@ def _response_part(cap: Capture, mode: str, api: str) -> dict[str, Any] | None:
         stream.truncated = True
     stream.close()
     merged = stream.merged()
+    if cap.error == CLIENT_DISCONNECTED and _stream_complete(cap, kind, stream.done_seen):
+        cap.error = None  # the client hung up after the end: it had everything
     part["stream"] = kind
     part["chunks"] = stream.chunks
     part["bad_chunks"] = stream.bad_chunks
@@ -159,6 +164,25 @@ def _response_part(cap: Capture, mode: str, api: str) -> dict[str, Any] | None:
     elif digest_ok and merged is not None:
         part["digest"] = response_digest(merged)
     return part
+
+
+def _stream_complete(cap: Capture, kind: str, done_seen: bool) -> bool:
+    """Did the client get the stream's own end marker before it hung up?
+
+    Clients such as openai-python close the connection as soon as they read
+    `data: [DONE]`, sometimes before the chunked terminator arrives; they had
+    the whole response, so that is no `client_disconnected`.
+    """
+    if done_seen and not cap.truncated:
+        return True
+    if kind == "sse" and not cap.response_encoding:
+        return cap.tail.rstrip(b"\r\n").endswith(b"data: [DONE]")
+    return False
+
+
+def _plain_complete(cap: Capture) -> bool:
+    length = cap.response_headers.get("content-length", "")
+    return length.isdigit() and int(length) == cap.response_body_bytes > 0
 
 
 def _head(pieces: list[bytes], size: int = 65536) -> bytes:
@@ -173,6 +197,8 @@ def _head(pieces: list[bytes], size: int = 65536) -> bytes:
 def build_record(cap: Capture, mode: str) -> dict[str, Any]:
     """The recording v1 record for one finished exchange."""
     api = chat_api(cap.method, cap.path)
+    request = _request_part(cap, mode, api)
+    response = _response_part(cap, mode, api)  # may clear a client_disconnected
     return {
         "v": RECORD_VERSION,
         "id": cap.id,
@@ -180,8 +206,8 @@ def build_record(cap: Capture, mode: str) -> dict[str, Any]:
         "t_start_ms": cap.t_start_ms,
         "t_first_byte_ms": cap.t_first_byte_ms,
         "t_end_ms": cap.t_end_ms if cap.t_end_ms is not None else cap.t_start_ms,
-        "request": _request_part(cap, mode, api),
-        "response": _response_part(cap, mode, api),
+        "request": request,
+        "response": response,
         "error": cap.error,
         "tokens": None,
     }
