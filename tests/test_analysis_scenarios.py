@@ -49,7 +49,16 @@ def check_totals(report: dict[str, Any]) -> None:
     assert cov["analysed"] == len(rows)
     assert cov["turns"] == len(turns)
     assert cov["conversations"] == len({r["conversation"] for r in turns})
-    assert cov["turns_with_reuse"] == sum(1 for r in turns if r["counts"]["reused_tokens"])
+    assert cov["turns_with_reuse"] == sum(
+        1
+        for r in turns
+        if r["counts"]["reused_tokens"]
+        and "server"
+        in (
+            r["counts"]["reused_tokens"]["source"],
+            (r["counts"]["evaluated_tokens"] or {}).get("source"),
+        )
+    )
     assert cov["turns_with_timing"] == sum(1 for r in turns if r["counts"]["prefill_ms"])
     assert sum(c["requests"] for c in report["clients"]) == len(rows)
 

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
+import scenarios as sc
 from llmp.canonical import RawFloat, record_dumps
 from llmp.reader import Recording, parse_line, read_all
 from scenarios import Agent, LlamaServer, Traffic, work
@@ -157,3 +158,25 @@ def test_recording_from_the_generator_reads_in_order(tmp_path: Path) -> None:
     with Recording([str(tmp_path / "r.jsonl")]) as recording:
         ids = [orjson.loads(orjson.dumps(r))["id"] for _, r in recording.exact()]
     assert ids == [1, 2, 3, 4]
+
+
+def test_another_producers_key_order_reads_the_same(tmp_path: Path) -> None:
+    # A recorder in another language may write the keys in any order: such
+    # lines are parsed to find their key, and read exactly like ours.
+    from llmp.analysis import analyze
+    from llmp.canonical import dumps
+
+    tr = sc.title_side_call()
+    ours = tr.write(tmp_path / "ours.jsonl", "full")
+    sorted_lines = [dumps(parse_line(line)) + b"\n" for line in tr.lines("full")]
+    assert not sorted_lines[0].startswith(b'{"v":1,"id":')
+    theirs = tmp_path / "theirs.jsonl"
+    theirs.write_bytes(b"".join(sorted_lines))
+    reports = []
+    for path in (ours, theirs):
+        result = analyze([str(path)])
+        buf = io.BytesIO()
+        result.write_json(buf)
+        result.close()
+        reports.append(buf.getvalue())
+    assert reports[0] == reports[1]

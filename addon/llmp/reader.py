@@ -58,16 +58,27 @@ class ReadStats:
 
 def _key(line: bytes) -> tuple[int, int] | None:
     """The sort key `(t_start_ms, id)` of a line, or None for a bad line."""
+    return _key_and_record(line)[0]
+
+
+def _key_and_record(line: bytes) -> tuple[tuple[int, int] | None, dict[str, Any] | None]:
+    """The sort key, and the parsed record when finding the key needed a parse.
+
+    Lines written the recorder's way give their key to a regex; any other
+    producer's lines are parsed once here, and the record is kept so that a
+    line released at once is not parsed twice.
+    """
     m = _KEY_RE.match(line)
     if m is not None:
         if m.group(1) != b"1":
-            return None
-        return int(m.group(3)), int(m.group(2))
+            return None, None
+        return (int(m.group(3)), int(m.group(2))), None
     try:
         rec = orjson.loads(line)
     except orjson.JSONDecodeError:
-        return None
-    return _valid_key(rec)
+        return None, None
+    key = _valid_key(rec)
+    return key, rec if key is not None else None
 
 
 def _valid_key(rec: Any) -> tuple[int, int] | None:
@@ -91,11 +102,16 @@ def parse_line(line: bytes) -> dict[str, Any] | None:
         return None
     if _valid_key(rec) is None:
         return None
+    return _exact_numbers(rec, line)
+
+
+def _exact_numbers(rec: dict[str, Any], line: bytes) -> dict[str, Any]:
+    """The record again with number text kept, when it carries a full body."""
     req = rec.get("request")
     if isinstance(req, dict) and req.get("body") is not None:
         try:
             exact = canonical.loads(line)
-        except canonical.NotJSON:
+        except (ValueError, TypeError, RecursionError):  # NotJSON is a ValueError
             exact = None  # orjson accepted it; keep that rather than drop it
         if isinstance(exact, dict):
             rec = exact
@@ -242,7 +258,7 @@ class Recording:
                     bar.advance(len(line))
                     if line[:1] != b"{" and _blank(line):
                         continue
-                    key = _key(line)
+                    key, parsed = _key_and_record(line)
                     if key is None:
                         self.stats.bad_lines += 1
                         continue
@@ -251,7 +267,11 @@ class Recording:
                     rid = key[1]
                     if not heap and (rid == 1 or (last_id is not None and rid == last_id + 1)):
                         # The usual case: the next record, in order; no need to wait.
-                        rec = self._release(line)
+                        if parsed is not None:
+                            self.stats.records += 1
+                            rec: dict[str, Any] | None = _exact_numbers(parsed, line)
+                        else:
+                            rec = self._release(line)
                         if rec is not None:
                             if last_id is None or rid <= last_id:
                                 session += 1

@@ -51,11 +51,16 @@ def analyze(
     progress: bool | None = None,
     stdin: IO[bytes] | None = None,
     window_lines: int | None = None,
+    rows: bool = True,
 ) -> Analysis:
-    """Read the recordings and analyse every record."""
+    """Read the recordings and analyse every record.
+
+    `rows=False` keeps no rows but a summary per conversation: what the
+    readable report needs. `rows=True` keeps the rows for the report v1.
+    """
 
     def consume(records: Iterator[tuple[int, dict[str, Any]]]) -> Engine:
-        engine = Engine(cfg)
+        engine = Engine(cfg, spill=rows, summaries=not rows)
         try:
             for session, rec in records:
                 engine.feed(session, rec)

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     cfg = from_args(args)
     try:
-        result = analyze(args.recordings, cfg, progress=args.progress)
+        result = analyze(args.recordings, cfg, progress=args.progress, rows=args.json)
     except OSError as exc:
         print(f"llmp analyze: {exc}", file=sys.stderr)
         return 2

@@ -34,7 +34,6 @@ class Config:
     between_window: int = 65_536
     summary_wrap_chars: int = 2000
     summary_min_chars: int = 500
-    reload_ms: float = 1000.0
 
 
 # (field, option, help)

@@ -22,6 +22,7 @@ from llmp.analysis.loss import Between, Structure, between, compare, loss_measur
 from llmp.analysis.measure import SERVER, weakest
 from llmp.analysis.report import Spill, Totals, build_header, spilled_rows, write_report
 from llmp.analysis.rows import Row
+from llmp.reader import ReadStats
 
 RowHook = Callable[[Row, Between | None], None]
 
@@ -30,11 +31,18 @@ class Engine:
     """Feed records with `feed`; get the report with `header` and `rows`."""
 
     def __init__(
-        self, cfg: Config | None = None, *, spill: bool = True, on_row: RowHook | None = None
+        self,
+        cfg: Config | None = None,
+        *,
+        spill: bool = True,
+        summaries: bool = True,
+        on_row: RowHook | None = None,
     ) -> None:
+        """`spill` keeps the rows for `--json`; `summaries` one line per
+        conversation for the readable report."""
         self.cfg = cfg or Config()
         self.clients = ClientRegistry()
-        self.totals = Totals()
+        self.totals = Totals(summaries)
         self.findings = Findings(self.cfg)
         self.spill: Spill | None = Spill() if spill else None
         self.on_row = on_row
@@ -175,11 +183,13 @@ class Engine:
     def _turn_state(ex: Exchange, st: Structure, counts: Counts) -> TurnState:
         prompt = counts.prompt_tokens
         rest_tokens = st.history[0] + st.new[0]
+        rest = ex.hashes[ex.n_sys :]
         return TurnState(
             row_id=ex.id,
             sys=ex.hashes[: ex.n_sys],
             tools_hash=ex.tools.hash,
-            rest=ex.hashes[ex.n_sys :],
+            rest=rest,
+            rest_hash=hash(rest),
             rest_tokens=int(rest_tokens),
             rest_source=weakest(st.history[1], st.new[1]),
             prompt_server=int(prompt[0]) if prompt is not None and prompt[1] == SERVER else None,
@@ -192,15 +202,15 @@ class Engine:
 
     # -- output -----------------------------------------------------------
 
-    def header(self, stats: Any) -> dict[str, Any]:
-        """The report v1 without its rows."""
+    def header(self, stats: ReadStats | None = None) -> dict[str, Any]:
+        """The report v1 without its rows (`stats` gives the reader's bad lines)."""
         labels = self.clients.labels()
         user_agents = [self.clients.user_agent(k) for k in range(len(labels))]
         tool_stats = self.totals.tool_stats()
         findings = self.findings.build(self.clients.label, tool_stats)
         return build_header(self.totals, stats, labels, user_agents, findings, tool_stats)
 
-    def write_json(self, out: IO[bytes], stats: Any) -> None:
+    def write_json(self, out: IO[bytes], stats: ReadStats | None = None) -> None:
         """The whole report v1, rows copied from the spill file."""
         header = self.header(stats)
         assert self.spill is not None

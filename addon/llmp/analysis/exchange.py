@@ -121,14 +121,6 @@ class Exchange:
     out_tool_names: list[str]
     _cum: tuple[list[int], list[int]] | None
 
-    @property
-    def sys(self) -> tuple[str, ...]:
-        return self.hashes[: self.n_sys]
-
-    @property
-    def rest(self) -> tuple[str, ...]:
-        return self.hashes[self.n_sys :]
-
     def msg_tokens(self, i: int) -> tuple[int, bool]:
         """Tokens of message i, and whether they came from the tokenizer."""
         m = self.msgs[i]
@@ -182,23 +174,24 @@ class Exchange:
         return total, TOKENIZER
 
 
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
 def _slow_hashes(msgs: list[Any]) -> tuple[tuple[str, ...], list[Any]]:
+    """Hashes and messages of a damaged digest, every field made safe to use."""
     fixed: list[Any] = []
     hashes: list[str] = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
             m = {}
         h = m.get("hash")
-        try:
-            hash(h)
-        except TypeError:
-            h = None
-        hashes.append(h if h is not None else f"?{i}")
-        fixed.append(m)
+        role = m.get("role")
+        chars = m.get("chars")
+        hashes.append(h if type(h) is str else f"?{i}")
+        fixed.append(
+            {
+                "role": role if type(role) is str else None,
+                "hash": hashes[-1],
+                "chars": chars if type(chars) is int else 0,
+            }
+        )
     return tuple(hashes), fixed
 
 
@@ -225,18 +218,20 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
     if type(status) is not int or not 200 <= status < 300:
         return Skip(NON_2XX, chat=True)
     digest = req.get("digest")
-    if digest is None:
-        body = req.get("body")
-        if isinstance(body, dict):
-            digest = request_digest(body, api)
+    rd = resp.get("digest")
+    try:
+        if digest is None:
+            body = req.get("body")
+            if isinstance(body, dict):
+                digest = request_digest(body, api)
+        if rd is None:
+            rbody = resp.get("body")
+            if isinstance(rbody, dict):
+                rd = response_digest(rbody)
+    except (ValueError, TypeError, RecursionError):
+        return Skip(UNPARSED, chat=True)  # a body the digest cannot be taken of
     if type(digest) is not dict:
         return Skip(UNPARSED, chat=True)
-
-    rd = resp.get("digest")
-    if rd is None:
-        rbody = resp.get("body")
-        if isinstance(rbody, dict):
-            rd = response_digest(rbody)
     if type(rd) is dict:
         top = rd.get("usage")
         out = rd.get("output")

@@ -20,7 +20,7 @@ from llmp.analysis.loss import (
     SERVER_KINDS,
     Between,
 )
-from llmp.analysis.measure import ESTIMATE, MV, Sum, as_json, clean
+from llmp.analysis.measure import ESTIMATE, MV, Sum, as_json
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config
@@ -446,4 +446,4 @@ def sort_key(f: dict[str, Any]) -> tuple[int, float, float, str]:
     return (_CONF_RANK.get(f.get("confidence", LOW), 3), -ms_value, -ctx_value, f["kind"])
 
 
-__all__ = ["Findings", "LossGroup", "SystemStats", "ToolStats", "clean", "sort_key"]
+__all__ = ["Findings", "LossGroup", "SystemStats", "ToolStats", "sort_key"]

@@ -40,6 +40,7 @@ class TurnState:
     has_tools: bool
     max_tokens: int | None
     out_chars: int
+    rest_hash: int = 0  # hash(rest): a continuation check that touches no old strings
     _rest_set: frozenset[str] | None = None
 
     @property
@@ -172,7 +173,11 @@ def find_link(
     best: Conversation | None = None
     if same_start:
         # 1. Continuation: the candidate's rest is a prefix of ours; the
-        # longest wins, then the most recent.
+        # longest wins, then the most recent. The tuples are compared by
+        # their hashes: this request's strings are fresh and their hashes
+        # already computed (prepare), while comparing them one by one with
+        # the stored turn's strings would read cold memory for every message.
+        # Equal 64-bit hashes and equal ends are taken as equal tuples.
         best_n = 0
         for c in same_start.values():
             crest = c.last.rest
@@ -184,7 +189,7 @@ def find_link(
                     or (n == best_n and best is not None and c.last.row_id > best.last.row_id)
                 )
                 and crest[-1] == rest[n - 1]
-                and rest[:n] == crest
+                and hash(rest[:n]) == c.last.rest_hash
             ):
                 best, best_n = c, n
         if best is not None:

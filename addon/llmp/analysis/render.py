@@ -76,7 +76,7 @@ def _names(items: Sequence[str]) -> str:
 
 
 def _times(n: int) -> str:
-    return "once" if n == 1 else f"{n} times"
+    return "once" if n == 1 else f"{n:,} times"
 
 
 def sentence(f: dict[str, Any]) -> tuple[str, str]:
@@ -174,6 +174,46 @@ def sentence(f: dict[str, Any]) -> tuple[str, str]:
     return (f"{kind}: {_lost(f)}.", "")
 
 
+_CONTEXT_KINDS = ("unused_tool", "large_tool_schema", "large_system_prompt")
+
+
+def readable_findings(findings: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(confidence, sentence, fix) in the order a person should act on them.
+
+    The JSON keeps the spec's order (confidence first); a person wants the
+    biggest loss first, and the unused tools of one client in one sentence.
+    """
+    losses = [f for f in findings if f["kind"] not in _CONTEXT_KINDS]
+    losses.sort(key=lambda f: (-(_value(f.get("lost_ms")) or 0), -(f.get("lost_tokens") or 0)))
+    out = [(f["confidence"], *sentence(f)) for f in losses]
+    unused: dict[str, list[dict[str, Any]]] = {}
+    for f in findings:
+        if f["kind"] == "unused_tool":
+            unused.setdefault(f["client"], []).append(f)
+    for client, group in unused.items():
+        if len(group) == 1:
+            out.append((group[0]["confidence"], *sentence(group[0])))
+            continue
+        group.sort(key=lambda f: -(f.get("context_tokens") or 0))
+        names = [f["evidence"]["tool"] for f in group]
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        tokens = sum(f.get("context_tokens") or 0 for f in group)
+        offered = max(f["evidence"]["offered"] for f in group)
+        conf = "high" if all(f["confidence"] == "high" for f in group) else "medium"
+        out.append(
+            (
+                conf,
+                f"{client} offered {len(names)} tools it never called ({shown}) in up to "
+                f"{offered} requests; together they cost {tokens:,} tokens of every prompt.",
+                "Remove them, or offer them only when they are needed.",
+            )
+        )
+    for f in findings:
+        if f["kind"] in ("large_tool_schema", "large_system_prompt"):
+            out.append((f["confidence"], *sentence(f)))
+    return out
+
+
 def _when(ms: int | None) -> str:
     if ms is None:
         return "-"
@@ -200,6 +240,7 @@ def render(
     side_calls: int = 0,
     stateless: int = 0,
     per_client: int = 15,
+    max_findings: int = 12,
 ) -> None:
     """Print the readable report."""
     cov = header["coverage"]
@@ -278,15 +319,17 @@ def render(
         console.print(table)
     console.print()
 
-    # Findings.
+    # Findings: what cost time first, then what costs context.
     findings = header["findings"]
     if findings:
         console.print(Text("Findings", style="bold"))
-        for i, f in enumerate(findings, 1):
-            what, fix = sentence(f)
-            console.print(Text.assemble(f"{i}. ", (f"[{f['confidence']}] ", "dim"), what))
+        items = readable_findings(findings)
+        for i, (confidence, what, fix) in enumerate(items[:max_findings], 1):
+            console.print(Text.assemble(f"{i}. ", (f"[{confidence}] ", "dim"), what))
             if fix:
                 console.print(Text.assemble("   ", ("Fix: ", "bold green"), fix))
+        if len(items) > max_findings:
+            console.print(f"… and {len(items) - max_findings} more (see --json).")
     else:
         console.print("No findings: nothing was lost that the recording can show.")
     console.print()

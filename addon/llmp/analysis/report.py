@@ -19,7 +19,7 @@ from llmp.analysis.classify import TURN
 from llmp.analysis.counters import FIELDS
 from llmp.analysis.exchange import SKIP_REASONS, Exchange, Tools
 from llmp.analysis.findings import ToolStats
-from llmp.analysis.measure import MV, SERVER, Sum, as_json, clean
+from llmp.analysis.measure import MV, SERVER, Sum, as_json
 from llmp.analysis.rows import Row, join_spilled
 
 if TYPE_CHECKING:
@@ -84,7 +84,8 @@ class _Client:
 class Totals:
     """Everything outside `rows`, summed as rows (and skipped records) go by."""
 
-    def __init__(self) -> None:
+    def __init__(self, summaries: bool = True) -> None:
+        self.summaries = summaries  # per-conversation summaries, for the readable report
         self.records = 0
         self.skipped: Counter[str] = Counter()
         self.paths: Counter[str] = Counter()
@@ -170,12 +171,18 @@ class Totals:
         total[3] += comp[3][0]
         if row.kind == TURN:
             self.turns += 1
-            self.turns_with_reuse += c.reused_tokens is not None
+            # The server reported what decides reuse (Ollama's old builds only
+            # the evaluated part, from which reuse is derived).
+            r, e = c.reused_tokens, c.evaluated_tokens
+            self.turns_with_reuse += r is not None and (
+                r[1] == SERVER or (e is not None and e[1] == SERVER)
+            )
             self.turns_with_timing += c.prefill_ms is not None
             if row.turn == 1:
                 self.conversations += 1
                 cl.conversations += 1
-            self._conversation(row)
+            if self.summaries:
+                self._conversation(row)
         elif row.kind == "side_call":
             self.side_calls += 1
         else:
@@ -238,7 +245,7 @@ class Totals:
 
 def build_header(
     totals: Totals,
-    stats: ReadStats,
+    stats: ReadStats | None,
     labels: list[str],
     user_agents: list[str | None],
     findings: list[dict[str, Any]],
@@ -315,7 +322,7 @@ def build_header(
             "analysed": totals.analysed,
             "skipped": {reason: totals.skipped.get(reason, 0) for reason in SKIP_REASONS},
             "paths": dict(sorted(totals.paths.items())),
-            "bad_lines": stats.bad_lines,
+            "bad_lines": stats.bad_lines if stats is not None else 0,
             "turns": totals.turns,
             "conversations": totals.conversations,
             "turns_with_reuse": totals.turns_with_reuse,
@@ -368,7 +375,6 @@ __all__ = [
     "Spill",
     "Totals",
     "build_header",
-    "clean",
     "spilled_rows",
     "write_report",
 ]

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from llmp.analysis.counters import Counts
-from llmp.analysis.measure import MV, as_json, clean
+from llmp.analysis.measure import MV, as_json
 
 COMPOSITION = ("system", "tools", "history", "new_content")
 
@@ -146,4 +146,4 @@ def join_spilled(line: bytes, labels: list[bytes]) -> bytes:
     return head + b',"client":' + labels[int(key)] + b"," + tail
 
 
-__all__ = ["COMPOSITION", "Loss", "Row", "clean", "join_spilled"]
+__all__ = ["COMPOSITION", "Loss", "Row", "join_spilled"]
