@@ -79,6 +79,8 @@ def _parse_int(text: str) -> int:
     # and keeps the text of anything larger.
     if len(text) < 19:
         return int(text)
+    if len(text) > 4000:  # past Python's int-from-text limit: keep the text only
+        return RawFloat(text)
     value = int(text)
     if _I64_MIN <= value <= _U64_MAX:
         return value
@@ -125,6 +127,8 @@ def loads(data: bytes | bytearray | memoryview | str) -> Any:
     """
     if isinstance(data, str):
         text = data
+        if _has_surrogate(text):  # bytes can't carry one; a str can
+            raise NotJSON("lone surrogate in text")
     else:
         try:
             text = bytes(data).decode("utf-8")
