@@ -104,3 +104,15 @@ def test_write_failure_leaves_no_partial_line_and_says_so(
     assert ids == [1, 2]
     assert writer2.failed == "No space left on device" and writer2.lost == 2
     assert "STOPPED RECORDING" in caplog.text
+
+
+def test_record_cut_short_by_a_kill_is_removed(tmp_path: Path) -> None:
+    path = tmp_path / "rec.jsonl"
+    whole = b'{"v":1,"id":1,"conn":1}\n'
+    path.write_bytes(whole + b'{"v":1,"id":2,"conn":1,"request":{"body":"' + b"x" * 200_000)
+    writer = RecordWriter(RecordingFile(str(path)), "digest")
+    writer.submit(_cap(3))
+    writer.close()
+    lines = path.read_bytes().split(b"\n")
+    assert lines[0] + b"\n" == whole
+    assert orjson.loads(lines[1])["id"] == 3 and lines[2] == b""

@@ -25,6 +25,23 @@ from llmp.record import build_record
 log = logging.getLogger("llmp")
 
 
+RECORD_START = b'{"v":1,"id":'
+
+
+def _last_line_start(fh: Any, size: int, block: int = 1 << 16) -> int:
+    """Offset just after the last newline of a file (0 when it has none), read backwards."""
+    end = size
+    while end > 0:
+        begin = max(0, end - block)
+        fh.seek(begin)
+        chunk = fh.read(end - begin)
+        cut = chunk.rfind(b"\n")
+        if cut >= 0:
+            return begin + cut + 1
+        end = begin
+    return 0
+
+
 class RecordingError(Exception):
     """The recording file cannot be used; the message says why, in one line."""
 
@@ -52,14 +69,31 @@ class RecordingFile:
         self._end_with_newline()
 
     def _end_with_newline(self) -> None:
-        """If an earlier writer left a partial last line, close it so ours stay whole."""
+        """Make sure our first line starts on a line of its own.
+
+        A recorder killed (SIGKILL) in the middle of a large `write()` can leave
+        part of a record: that is cut back to the last whole line, since the
+        rest of it is lost anyway and would stay a bad line mid-file. A partial
+        line of unknown origin is kept, and closed with a newline.
+        """
         size = os.fstat(self.fd).st_size
         if size == 0:
             return
         with open(self.path, "rb") as fh:
             fh.seek(size - 1)
-            last = fh.read(1)
-        if last != b"\n":
+            if fh.read(1) == b"\n":
+                return
+            start = _last_line_start(fh, size)
+            fh.seek(start)
+            head = fh.read(len(RECORD_START))
+        if head == RECORD_START:
+            os.ftruncate(self.fd, start)
+            log.warning(
+                "llmp: %s ended with %d bytes of a record cut short (a killed recorder); removed them",
+                self.path,
+                size - start,
+            )
+        else:
             os.write(self.fd, b"\n")
 
     def write_line(self, line: bytes) -> None:
