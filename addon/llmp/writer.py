@@ -89,7 +89,8 @@ class RecordingFile:
         if head == RECORD_START:
             os.ftruncate(self.fd, start)
             log.warning(
-                "llmp: %s ended with %d bytes of a record cut short (a killed recorder); removed them",
+                "llmp: %s ended with %d bytes of a record cut short by a killed recorder; "
+                "removed them",
                 self.path,
                 size - start,
             )
