@@ -855,3 +855,146 @@ def rows_by_id(report: dict[str, Any]) -> dict[int, dict[str, Any]]:
 
 def value(mv: dict[str, Any] | None) -> Any:
     return None if mv is None else mv["value"]
+
+
+# -- from real aider traffic (docs/real-harness.md) ----------------------------
+#
+# aider 0.86.2 against llama-server, as recorded by bench/real_harness.py.  When
+# the model makes no edit, aider keeps the chat in `cur_messages`, after the
+# files: system, example exchanges, repo map, files, history, then the request
+# with a reminder appended (dropped once the request is history).  `/ask` sends
+# one message under another system prompt and other scaffolding, with the same
+# history; the next code request carries the question and its answer.
+
+AIDER_UA = "OpenAI/Python 2.20.0"  # litellm's SDK, not aider
+AIDER_CODE_SYSTEM = (
+    "Act as an expert software developer. Take requests for changes to the supplied code. "
+    "Always use best practices when coding. Respect and use existing conventions. "
+) * 8
+AIDER_ASK_SYSTEM = "Act as an expert code analyst. Answer questions about the supplied code. " * 2
+AIDER_REMINDER = "\n\nTo suggest changes to a file you MUST return the entire content. " * 12
+AIDER_EXAMPLES = [
+    {"role": "user", "content": "Change the greeting to be more casual"},
+    {"role": "assistant", "content": text("Ok, I will: show_greeting.py", 200)},
+    {"role": "user", "content": "I switched to a new code base. Don't consider the above files."},
+    {"role": "assistant", "content": "Ok."},
+]
+
+
+def _aider_body(
+    system: str, scaffold: list[dict[str, Any]], history: list[dict[str, Any]], request: str
+) -> dict[str, Any]:
+    return {
+        "model": "smol",
+        "messages": [
+            {"role": "system", "content": system},
+            *copy.deepcopy(scaffold),
+            *copy.deepcopy(history),
+            {"role": "user", "content": request},
+        ],
+        "stream": True,
+        "temperature": 0,
+    }
+
+
+def aider_ask_mode() -> Traffic:
+    """Two code turns, an `/ask`, and a code turn again (one conversation)."""
+    tr = Traffic()
+    srv = LlamaServer()
+    code = [
+        *AIDER_EXAMPLES,
+        {"role": "user", "content": "Here are summaries of some files.\n" + text("map", 900)},
+        {"role": "assistant", "content": "Ok, I won't try and edit those files without asking."},
+        {"role": "user", "content": "I have *added these files*.\n" + text("hello.py", 1200)},
+        {"role": "assistant", "content": "Ok, any changes I propose will be to those files."},
+    ]
+    ask = [
+        {"role": "user", "content": "I am working with you on code.\n" + text("map", 900)},
+        {"role": "assistant", "content": "Ok, I won't try and edit those files without asking."},
+        {"role": "user", "content": "I have *added these files*, see.\n" + text("hello.py", 1200)},
+        {"role": "assistant", "content": "Ok, I will use that as the true contents."},
+    ]
+    history: list[dict[str, Any]] = []
+    for request, answer in (
+        ("Add a function greet(name).", text("greet reply", 300)),
+        ("Now add a docstring to greet().", text("docstring reply", 300)),
+    ):
+        body = _aider_body(AIDER_CODE_SYSTEM, code, history, request + AIDER_REMINDER)
+        tr.chat(srv, AIDER_UA, body, {"role": "assistant", "content": answer})
+        history += [{"role": "user", "content": request}, {"role": "assistant", "content": answer}]
+    question, answer = "What does hello.py do?", text("it greets", 400)
+    tr.chat(
+        srv,
+        AIDER_UA,
+        _aider_body(AIDER_ASK_SYSTEM, ask, history, question),
+        {"role": "assistant", "content": answer},
+    )
+    history += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    body = _aider_body(AIDER_CODE_SYSTEM, code, history, "Rename greet to hello." + AIDER_REMINDER)
+    tr.chat(srv, AIDER_UA, body, {"role": "assistant", "content": text("rename reply", 300)})
+    return tr
+
+
+def outage_retries() -> Traffic:
+    """A llama-server restart while the harness retries (real aider, OpenAI SDK retries):
+    the proxy's 502 (`upstream_unreachable`), llama-server's 503 "Loading model", then
+    the request that succeeds on an empty cache."""
+    tr = Traffic()
+    srv = LlamaServer()
+    a = Agent(tr, srv, ua=AIDER_UA, model="smol", tools=None)
+    a.turn(text("first ask", 300), text("first answer", 400))
+    a.turn(text("second ask", 200), text("second answer", 400))
+    srv.reset()
+    a.messages.append({"role": "user", "content": text("third ask", 200)})
+    body = a.body()
+    tr.failed(a.ua, body, error="upstream_unreachable", status=0)
+    tr.failed(a.ua, body, error=None, status=503)
+    a.send({"role": "assistant", "content": text("third answer", 300)})
+    a.turn(text("fourth ask", 200), text("fourth answer", 300))
+    return tr
+
+
+class ToolBlindServer(LlamaServer):
+    """A llama-server whose chat template ignores `tools` (SmolLM2's does)."""
+
+    def serve(self, prompt: list[str], reply_chars: int, model: str | None = None) -> Outcome:
+        if "<tools>" in prompt:
+            a, b = prompt.index("<tools>"), prompt.index("</tools>")
+            prompt = prompt[:a] + prompt[b + 1 :]
+        return super().serve(prompt, reply_chars, model)
+
+
+def tokenized(traffic: Traffic) -> Traffic:
+    """Fill every full record's `tokens` as `llmp analyze --tokenize` would, with this
+    module's pseudo-tokenizer (4 characters a token)."""
+    from llmp.tokenize import count_targets
+
+    for rec in traffic.records:
+        body = rec["request"]["body"]
+        if not isinstance(body, dict) or "messages" not in body:
+            continue
+        msgs, tools = count_targets(body)
+        rec["tokens"] = {
+            "messages": {h: len(chunks(t)) for h, t in msgs.items()},
+            "tools": {h: len(chunks(t)) for h, t in tools.items()},
+        }
+    return traffic
+
+
+def template_drops_tools() -> Traffic:
+    """Tools offered on every turn but never rendered, and a rewritten message: the
+    prefix and the losses must not count the tools the server never saw."""
+    tr = Traffic()
+    srv = ToolBlindServer()
+    a = Agent(tr, srv, ua="OpenAI/Python 3.57.0", model="smol", system="Be brief. " * 20)
+    a.turn(text("first ask", 400), text("first answer", 400))
+    a.turn(text("second ask", 400), text("second answer", 400))
+    a.messages[3] = {"role": "user", "content": text("second ask, edited", 400)}  # rewritten
+    a.turn(text("third ask", 400), text("third answer", 400))
+    a.turn(text("fourth ask", 400), text("fourth answer", 400))
+    return tokenized(tr)
+
+
+SCENARIOS["aider_ask_mode"] = aider_ask_mode
+SCENARIOS["template_drops_tools"] = template_drops_tools
+# outage_retries has skipped records, which SCENARIOS' shared tests do not expect.

@@ -67,9 +67,11 @@ def check_shape(rep: dict[str, Any]) -> None:
     assert rep["v"] == 1
     assert set(rep["window"]) == {"start_ms", "end_ms", "days"}
     cov = rep["coverage"]
+    # The spec's fields in its order, then the additive ones (docs/analysis.md).
     assert list(cov) == [
         "records", "analysed", "skipped", "paths", "bad_lines",
         "turns", "conversations", "turns_with_reuse", "turns_with_timing",
+        "context_exceeded",
     ]  # fmt: skip
     assert list(cov["skipped"]) == ["not_chat", "error", "non_2xx", "unparsed"]
     for s in rep["servers"]:

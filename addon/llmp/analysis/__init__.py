@@ -52,15 +52,18 @@ def analyze(
     stdin: IO[bytes] | None = None,
     window_lines: int | None = None,
     rows: bool = True,
+    summaries: bool | None = None,
 ) -> Analysis:
     """Read the recordings and analyse every record.
 
     `rows=False` keeps no rows but a summary per conversation: what the
     readable report needs. `rows=True` keeps the rows for the report v1.
+    `summaries=True` keeps the summaries as well (default: `not rows`).
     """
 
     def consume(records: Iterator[tuple[int, dict[str, Any]]]) -> Engine:
-        engine = Engine(cfg, spill=rows, summaries=not rows)
+        keep = not rows if summaries is None else summaries
+        engine = Engine(cfg, spill=rows, summaries=keep)
         try:
             for session, rec in records:
                 engine.feed(session, rec)

@@ -1,14 +1,31 @@
-"""`llmp analyze RECORDING... [--json]`: the command line of the analyzer."""
+"""`llmp analyze RECORDING... [--json] [--tokenize URL] [--html FILE] [--fail-on KINDS]`.
+
+The command line of the analyzer.  In order, it:
+
+1. checks every option (a bad one exits 2 before anything is read or written);
+2. with `--tokenize URL`, enriches each recording in place with the server's
+   token counts (`llmp.tokenize.enrich_file`), one summary line each on stderr;
+3. analyses, and prints the readable report or, with `--json`, the report v1;
+4. with `--html FILE`, writes the page as well;
+5. with `--fail-on`, exits 1 when a listed finding is present (docs/ci-gate.md).
+
+Exit codes: 0 done (and the gate passed), 1 the gate failed, 2 a usage,
+input or output error (one line on stderr: `llmp analyze: …`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
-from llmp.analysis import analyze
+from llmp.analysis import Analysis, analyze
 from llmp.analysis.config import add_options, from_args
+from llmp.analysis.findings import KINDS
+
+STDIN = "-"
 
 
 def register(subparsers: Any) -> None:
@@ -19,11 +36,40 @@ def register(subparsers: Any) -> None:
         description="Read one or more llmp recordings (or - for stdin) and report how much "
         "prefill time was lost re-processing tokens the server could have reused, why, and "
         "what to change.",
+        epilog="Exit codes: 0 done (gate passed), 1 --fail-on found a listed finding, "
+        "2 bad option, unreadable input, or a --tokenize / --html failure.",
     )
     p.add_argument(
         "recordings", nargs="+", metavar="RECORDING", help="recording file, or - for stdin"
     )
     p.add_argument("--json", action="store_true", help="print the report v1 as JSON")
+    p.add_argument(
+        "--tokenize",
+        metavar="URL",
+        help="first fill each recording's token counts from this llama-server's /tokenize "
+        "(rewrites the files in place, atomically; full recordings only; not for stdin)",
+    )
+    p.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write the report as a self-contained web page to FILE; the readable "
+        "report (or --json) is still printed",
+    )
+    gate = p.add_argument_group("CI gate (see docs/ci-gate.md)")
+    gate.add_argument(
+        "--fail-on",
+        action="append",
+        metavar="KIND[,KIND...]",
+        help="exit 1, with one line per finding on stderr, when a finding of a listed kind "
+        f"is present; kinds: {', '.join(KINDS)}",
+    )
+    gate.add_argument(
+        "--min-lost-ms",
+        type=float,
+        metavar="N",
+        help="with --fail-on: only loss findings with lost_ms >= N fail (default 0: any); "
+        "findings without a lost_ms (untimed losses, context findings) fail when present",
+    )
     p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -34,47 +80,164 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=run)
 
 
+def _fail(message: str) -> int:
+    print(f"llmp analyze: {message}", file=sys.stderr)
+    return 2
+
+
 def run(args: argparse.Namespace) -> int:
-    """Analyse and print; the exit code."""
-    for path in args.recordings:
-        if path != "-" and not os.path.isfile(path):
-            print(f"llmp analyze: {path}: no such file", file=sys.stderr)
-            return 2
+    """Check, enrich, analyse, print, write, gate; the exit code."""
+    paths: list[str] = args.recordings
+    for path in paths:
+        if path != STDIN and not os.path.isfile(path):
+            return _fail(f"{path}: no such file")
+
+    from llmp.analysis.gate import offending, parse_kinds, reason
+
+    kinds: list[str] = []
+    if args.fail_on is not None:
+        kinds, unknown = parse_kinds(args.fail_on)
+        if unknown:
+            return _fail(
+                f"unknown finding kind{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(unknown)} in --fail-on; valid kinds: {', '.join(KINDS)}"
+            )
+        if not kinds:
+            return _fail(f"--fail-on needs at least one kind; valid kinds: {', '.join(KINDS)}")
+    min_lost_ms = args.min_lost_ms
+    if min_lost_ms is not None:
+        if args.fail_on is None:
+            return _fail("--min-lost-ms only applies with --fail-on")
+        if not min_lost_ms >= 0:  # also rejects nan
+            return _fail(f"--min-lost-ms must be 0 or more, not {min_lost_ms:g}")
+    html: Path | None = None
+    if args.html is not None:
+        html = Path(args.html)
+        if html.is_dir():
+            return _fail(f"--html {html}: is a directory")
+        if not html.resolve().parent.is_dir():
+            return _fail(f"--html {html}: no such directory {html.resolve().parent}")
+    if args.tokenize is not None:
+        if STDIN in paths:
+            return _fail(
+                "--tokenize rewrites the recording in place and cannot rewrite standard "
+                "input; save it to a file and pass the file"
+            )
+        status = _tokenize(paths, args.tokenize, args.progress)
+        if status:
+            return status
+
     cfg = from_args(args)
     try:
-        result = analyze(args.recordings, cfg, progress=args.progress, rows=args.json)
+        result = analyze(
+            paths,
+            cfg,
+            progress=args.progress,
+            rows=args.json or html is not None,
+            summaries=not args.json,
+        )
     except OSError as exc:
-        print(f"llmp analyze: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc))
     try:
+        header = result.header()
         if args.json:
-            out = getattr(sys.stdout, "buffer", None)
-            if out is not None:
-                sys.stdout.flush()
-                result.write_json(out)
-                out.flush()
-            else:  # a text-only stdout (an embedding host)
-                import io
-
-                buf = io.BytesIO()
-                result.write_json(buf)
-                sys.stdout.write(buf.getvalue().decode("utf-8"))
+            _print_json(result, header)
         else:
-            from rich.console import Console
-
-            from llmp.analysis.render import render
-
-            engine = result.engine
-            console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 110)
-            render(
-                console,
-                result.header(),
-                engine.totals.convs,
-                engine.clients.label,
-                result.stats.sessions,
-                engine.totals.side_calls,
-                engine.totals.stateless,
-            )
+            _print_readable(result, header)
+        if html is not None:
+            status = _write_html(result, header, paths, html)
+            if status:
+                return status
     finally:
         result.close()
+
+    if args.fail_on is None:
+        return 0
+    bad = offending(header["findings"], kinds, min_lost_ms or 0.0)
+    sys.stdout.flush()
+    for f in bad:
+        print(reason(f), file=sys.stderr)
+    if bad:
+        return 1
+    print(
+        f"llmp: PASS no {', '.join(kinds)} finding"
+        + (f" with lost_ms >= {min_lost_ms:g}" if min_lost_ms else ""),
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _tokenize(paths: list[str], url: str, progress: bool | None) -> int:
+    """Enrich each distinct file in place; 0, or 2 after the first failure."""
+    from llmp.tokenize import TokenizeError, enrich_file
+
+    seen: set[str] = set()
+    for path in paths:
+        real = os.path.realpath(path)
+        if real in seen:
+            continue
+        seen.add(real)
+        try:
+            result = enrich_file(Path(path), url, progress=progress)
+        except TokenizeError as exc:
+            return _fail(str(exc))
+        print(f"llmp analyze: {result.summary()}", file=sys.stderr)
+    return 0
+
+
+def _print_json(result: Analysis, header: dict[str, Any]) -> None:
+    from llmp.analysis.report import spilled_rows, write_report
+
+    engine = result.engine
+    spill = engine.spill
+    assert spill is not None
+
+    def write(out: IO[bytes]) -> None:
+        write_report(out, header, spilled_rows(spill, engine.clients.labels()))
+
+    out = getattr(sys.stdout, "buffer", None)
+    if out is not None:
+        sys.stdout.flush()
+        write(out)
+        out.flush()
+    else:  # a text-only stdout (an embedding host)
+        import io
+
+        buf = io.BytesIO()
+        write(buf)
+        sys.stdout.write(buf.getvalue().decode("utf-8"))
+
+
+def _print_readable(result: Analysis, header: dict[str, Any]) -> None:
+    from rich.console import Console
+
+    from llmp.analysis.render import render
+
+    engine = result.engine
+    console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 110)
+    render(
+        console,
+        header,
+        engine.totals.convs,
+        engine.clients.label,
+        result.stats.sessions,
+        engine.totals.side_calls,
+        engine.totals.stateless,
+    )
+
+
+def _write_html(result: Analysis, header: dict[str, Any], paths: list[str], out: Path) -> int:
+    """The page, with the what-changed diffs unless the input was stdin (read once)."""
+    import orjson
+
+    from llmp.analysis.html import collect_changes, write_html
+
+    report = dict(header)
+    report["rows"] = [orjson.loads(line) for line in result.engine.row_lines()]
+    changes = None if STDIN in paths else collect_changes(paths, report)
+    try:
+        write_html(report, out, changes=changes)
+    except OSError as exc:
+        return _fail(f"--html {out}: {exc.strerror or exc}")
+    print(f"llmp analyze: wrote {out}", file=sys.stderr)
     return 0

@@ -30,6 +30,9 @@ class Config:
     large_tool_tokens: int = 1000
     large_system_tokens: int = 4096
     max_conversations: int = 512
+    overflow_share: float = 0.6
+    overflow_share_tokenizer: float = 0.9
+    overflow_min_tokens: int = 128
     # Not options: memory bounds of the engine.
     between_window: int = 65_536
     summary_wrap_chars: int = 2000
@@ -112,6 +115,21 @@ OPTIONS: list[tuple[str, str, str]] = [
         "max_conversations",
         "--max-conversations",
         "conversations kept per session for linking",
+    ),
+    (
+        "overflow_share",
+        "--overflow-share",
+        "a server prompt count below this share of the estimated prompt is a context overflow",
+    ),
+    (
+        "overflow_share_tokenizer",
+        "--overflow-share-tokenizer",
+        "the same share when the prompt was counted by the tokenizer (--tokenize)",
+    ),
+    (
+        "overflow_min_tokens",
+        "--overflow-min-tokens",
+        "a context overflow must drop at least this many tokens",
     ),
 ]
 

@@ -62,12 +62,14 @@ class Engine:
         if isinstance(ex, Skip):
             self.totals.skip(ex.reason, ex.path)
             if ex.chat:
-                s.skipped.append(rec["id"])
+                s.skip(rec)
+            if ex.refusal is not None:
+                self.findings.refused(session, rec["id"], ex.refusal)
             return None
         row, btw = self._row(s, ex)
         self.totals.add(row)
         self.totals.offer(row.client, ex, session)
-        self.findings.add(row, btw)
+        self.findings.add(row, btw, ex)
         if self.spill is not None:
             self.spill.write(row)
         if self.on_row is not None:

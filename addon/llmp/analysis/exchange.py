@@ -11,6 +11,7 @@ import operator
 from typing import Any
 
 from llmp.analysis.measure import ESTIMATE, MV, TOKENIZER, estimate
+from llmp.analysis.overflow import Refusal, ollama_num_ctx, refusal_of
 from llmp.chat import OTHER, chat_api, strip_query
 from llmp.digest import request_digest, response_digest
 
@@ -27,14 +28,25 @@ SKIP_REASONS = (NOT_CHAT, ERROR, NON_2XX, UNPARSED)
 
 
 class Skip:
-    """A record that does not become a row, and why."""
+    """A record that does not become a row, and why.
 
-    __slots__ = ("chat", "path", "reason")
+    `refusal` is set for a chat request answered with a 4xx that may have
+    been refused for its context (see overflow.py).
+    """
 
-    def __init__(self, reason: str, path: str | None = None, chat: bool = False) -> None:
+    __slots__ = ("chat", "path", "reason", "refusal")
+
+    def __init__(
+        self,
+        reason: str,
+        path: str | None = None,
+        chat: bool = False,
+        refusal: Refusal | None = None,
+    ) -> None:
         self.reason = reason
         self.path = path
         self.chat = chat
+        self.refusal = refusal
 
 
 class Tools:
@@ -84,6 +96,7 @@ class Exchange:
         "max_tokens",
         "msgs",
         "n_sys",
+        "num_ctx",
         "out_chars",
         "out_tool_names",
         "requested_model",
@@ -114,6 +127,7 @@ class Exchange:
     tools: Tools
     structured: bool
     max_tokens: int | None
+    num_ctx: int | None
     tokmap: dict[str, Any] | None
     top: dict[str, Any] | None
     streamed: bool
@@ -216,7 +230,7 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
         return Skip(ERROR, chat=True)
     status = resp.get("status")
     if type(status) is not int or not 200 <= status < 300:
-        return Skip(NON_2XX, chat=True)
+        return Skip(NON_2XX, chat=True, refusal=refusal_of(rec, req, resp, api, status))
     digest = req.get("digest")
     rd = resp.get("digest")
     try:
@@ -317,6 +331,7 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
     ex.structured = params.get("response_format") is True or params.get("grammar") is True
     mt = params.get("max_tokens")
     ex.max_tokens = mt if type(mt) is int else None
+    ex.num_ctx = ollama_num_ctx(req.get("body"))  # full mode only: digests drop options
 
     names: list[str] = []
     if type(out) is dict:

@@ -21,9 +21,11 @@ from llmp.analysis.loss import (
     Between,
 )
 from llmp.analysis.measure import ESTIMATE, MV, Sum, as_json
+from llmp.analysis.overflow import CONTEXT_OVERFLOW, Overflow, Refusal
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config
+    from llmp.analysis.exchange import Exchange
     from llmp.analysis.rows import Loss, Row
 
 SIDE_CALL_ON_MODEL = "side_call_on_conversation_model"
@@ -34,6 +36,19 @@ OTHER_MODEL_EVICTION = "other_model_eviction"
 UNUSED_TOOL = "unused_tool"
 LARGE_TOOL_SCHEMA = "large_tool_schema"
 LARGE_SYSTEM_PROMPT = "large_system_prompt"
+
+# Every finding kind: the spec's, then the additive ones (docs/analysis.md §10).
+KINDS = (
+    SIDE_CALL_ON_MODEL,
+    PREFIX_BREAK,
+    SERVER_CACHE_LOSS,
+    OTHER_CONVERSATION_EVICTION,
+    OTHER_MODEL_EVICTION,
+    UNUSED_TOOL,
+    LARGE_TOOL_SCHEMA,
+    LARGE_SYSTEM_PROMPT,
+    CONTEXT_OVERFLOW,
+)
 
 HIGH, MEDIUM, LOW = "high", "medium", "low"
 _CONF_RANK = {HIGH: 0, MEDIUM: 1, LOW: 2}
@@ -144,9 +159,19 @@ class Findings:
         self.breaks: dict[tuple[int, str, str], LossGroup] = {}
         self.links: Counter[tuple[int, str]] = Counter()
         self.system: dict[int, SystemStats] = {}
+        self.overflow = Overflow(cfg)
 
-    def add(self, row: Row, btw: Between | None) -> None:
-        """Take what a row says about findings; `btw` is what ran before it."""
+    def refused(self, session: int, record_id: int, refusal: Refusal) -> None:
+        """A skipped chat request the server refused (maybe for its context)."""
+        self.overflow.refused(session, record_id, refusal)
+
+    def add(self, row: Row, btw: Between | None, ex: Exchange | None = None) -> None:
+        """Take what a row says about findings; `btw` is what ran before it.
+
+        `ex` is the row's request (for Ollama's `num_ctx`); without it the
+        context size is simply not known.
+        """
+        cut = self.overflow.row(row, ex.num_ctx if ex is not None else None)
         if row.kind != TURN:
             return
         self._system(row)
@@ -170,7 +195,9 @@ class Findings:
         if ext is not None:
             cause = ext.cause
             if cause in SERVER_KINDS:
-                if not btw.skipped:
+                # A prompt the server cut lost its cache to the cut, not to
+                # the server: context_overflow names it.
+                if not btw.skipped and not cut:
                     key = (served, cause)
                     g = self.server.get(key)
                     if g is None:
@@ -289,12 +316,13 @@ class Findings:
         links: Counter[tuple[str, str]] = Counter()
         for (client, served), n in self.links.items():
             links[(label(client), served)] += n
+        # Merged into fresh groups: build() runs again for every header (a
+        # live host asks many times) and must not change the accumulators.
         for (client, cause, served), g in self.breaks.items():
             key = (label(client), cause, served)
-            if key in merged:
-                merged[key].merge(g)
-            else:
-                merged[key] = g
+            if key not in merged:
+                merged[key] = LossGroup()
+            merged[key].merge(g)
         for (name, cause, served), g in merged.items():
             if not g.rows:
                 continue
@@ -318,10 +346,9 @@ class Findings:
         sys_by_label: dict[str, SystemStats] = {}
         for client, st in self.system.items():
             name = label(client)
-            if name in sys_by_label:
-                sys_by_label[name].merge(st)
-            else:
-                sys_by_label[name] = st
+            if name not in sys_by_label:
+                sys_by_label[name] = SystemStats(source=st.source)
+            sys_by_label[name].merge(st)
         for name, st in sys_by_label.items():
             if st.tokens < cfg.large_system_tokens:
                 continue
@@ -381,6 +408,7 @@ class Findings:
                         },
                     )
                 )
+        out.extend(self.overflow.build())
         out.sort(key=sort_key)
         return out
 
@@ -446,4 +474,4 @@ def sort_key(f: dict[str, Any]) -> tuple[int, float, float, str]:
     return (_CONF_RANK.get(f.get("confidence", LOW), 3), -ms_value, -ctx_value, f["kind"])
 
 
-__all__ = ["Findings", "LossGroup", "SystemStats", "ToolStats", "sort_key"]
+__all__ = ["KINDS", "Findings", "LossGroup", "SystemStats", "ToolStats", "sort_key"]

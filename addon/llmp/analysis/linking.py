@@ -9,13 +9,16 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config
     from llmp.analysis.exchange import Exchange
 
 RECENT = 64  # conversations the rules after a shared start look at
+
+# Errors of requests that never reached the server.
+NOT_SENT_ERRORS = frozenset(("upstream_unreachable", "timeout"))
 
 CONTINUATION = "continuation"
 PREFIX = "prefix"
@@ -99,6 +102,11 @@ class Session:
         # Served models whose Ollama counts proved the old prompt_eval_count meaning.
         self.ollama_old: set[str] = set()
 
+    def skip(self, rec: dict[str, Any]) -> None:
+        """A chat request that is no row: remembered when it may have taken a slot."""
+        if may_have_run(rec):
+            self.skipped.append(rec["id"])
+
     def candidates(self, ua: str | None, served: str) -> OrderedDict[int, Conversation] | None:
         return self.by_key.get((ua, served))
 
@@ -146,12 +154,42 @@ class Session:
                 del self.recent_by_ua[old.ua]
 
 
+def may_have_run(rec: dict[str, Any]) -> bool:
+    """Whether a skipped chat request may have been processed into a slot.
+
+    Not when the proxy never reached the server (`upstream_unreachable`,
+    `timeout`), nor when the server refused it before evaluating anything: a
+    4xx (llama-server's `exceed_context_size_error` is counted, not evaluated,
+    and leaves the slot as it was) or a 503 (llama-server's "Loading model"
+    while it starts, an overloaded server).  Everything else may have: a
+    client that hung up mid-generation, a reset, another 5xx, an unreadable
+    body.
+    """
+    err = rec.get("error")
+    if err is not None:
+        return not (type(err) is str and err in NOT_SENT_ERRORS)
+    resp = rec.get("response")
+    status = resp.get("status") if isinstance(resp, dict) else None
+    return not (type(status) is int and (400 <= status < 500 or status == 503))
+
+
 def _lcp(a: tuple[str, ...], b: tuple[str, ...]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def carries_reply(ex: Exchange, out_chars: int) -> bool:
+    """Whether the request resends a reply of `out_chars` characters (an assistant
+    message that long after the system messages)."""
+    if out_chars <= 0:
+        return False
+    for m in ex.msgs[ex.n_sys :]:
+        if isinstance(m, dict) and m.get("chars") == out_chars and m.get("role") == "assistant":
+            return True
+    return False
 
 
 def find_link(
@@ -210,16 +248,21 @@ def find_link(
     # a turn resumes one of those, and scanning hundreds per request would
     # make every side-call and first turn cost as much as the whole state.
     convs = list(itertools.islice(reversed(group.values()), RECENT))
-    # 3. Shared history after a broken start (aider's rewritten repo map).
+    # 3. Shared history after a broken start: at least two of the turn's
+    # messages reappear, and either they are most of them (aider's rewritten
+    # repo map) or the request also resends the turn's reply (aider's /ask:
+    # another system prompt and other scaffolding around the same history).
     if nrest >= 2:
         mine = frozenset(rest)
         for c in convs[:16]:
             crest = c.last.rest
-            need = max(2, cfg.link_overlap * len(crest))
-            if nrest < need:
-                continue  # too short to hold that much of it (side-calls, first turns)
+            # else too short to hold that much of it (side-calls, first turns)
+            share = nrest >= max(2, cfg.link_overlap * len(crest))
+            reply = carries_reply(ex, c.last.out_chars)
+            if not (share or reply):
+                continue
             found = sum(1 for h in crest if h in mine)
-            if found >= 2 and found >= cfg.link_overlap * len(crest):
+            if found >= 2 and (reply or found >= cfg.link_overlap * len(crest)):
                 return Link(c, OVERLAP, 0)
 
     # 4. The first message carries a summary this conversation produced.

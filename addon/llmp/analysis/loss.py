@@ -66,6 +66,8 @@ class Structure:
     lost_source: str = ESTIMATE
     exact_prefix: int | None = None  # the linked turn's server prompt, for a clean continuation
     linked: bool = False
+    tools_in_prefix: bool = False  # `prefix` counts the tools block
+    tools_lost: int = 0  # the part of `lost` that is the tools block
 
     @property
     def total(self) -> int:
@@ -128,6 +130,7 @@ def compare(ex: Exchange, link: Link | None, cfg: Config) -> Structure:
     prefix = system[0] if sys_eq else ex.range_tokens(0, ps)[0]
     if sys_eq and tools_eq:
         prefix += tools[0]
+        st.tools_in_prefix = True
         if mode in (CONTINUATION, PREFIX):
             prefix += history[0]
     st.prefix = int(prefix)
@@ -188,6 +191,7 @@ def _walk_lost(
         if tools_eq and t:
             first = pos if first is None else first
             lost += t
+            st.tools_lost = t
             estimated = estimated or st.tools[1] == ESTIMATE
         pos += t
     seen = last.rest_set
@@ -304,9 +308,45 @@ def loss_measured(counts: Counts) -> bool:
     )
 
 
+def drop_unrendered_tools(st: Structure, counts: Counts) -> bool:
+    """Take the tools out of the structure when the chat template left them out.
+
+    A chat template only adds tokens to the texts it renders, so a server
+    prompt that holds the messages' tokenizer counts but not the tools' means
+    the tools were not rendered (SmolLM2's template ignores `tools`: two tools
+    of 100 tokens, a 37-token prompt), or only in a much shorter form.
+    Counting their JSON would claim tokens the server never processed and
+    skew the scale from composition units to server tokens.  A prompt smaller
+    than the messages alone is something else (a cut prompt) and is left as
+    it is.  Only with tokenizer counts: estimates are too rough to tell.
+    """
+    t = int(st.tools[0])
+    prompt = counts.prompt_tokens
+    if not t or prompt is None or prompt[1] != SERVER or st.source != TOKENIZER:
+        return False
+    if not st.total - t <= prompt[0] < st.total:
+        return False
+    st.tools = (0, st.tools[1])
+    if st.prefix is not None and st.tools_in_prefix:
+        st.prefix -= t
+        st.tools_in_prefix = False
+    if st.tools_lost:
+        st.lost -= st.tools_lost
+        st.tools_lost = 0
+    sys_end = int(st.system[0])
+    if st.lost_start > sys_end:
+        st.lost_start = max(sys_end, st.lost_start - t)
+    return True
+
+
 def losses(st: Structure, counts: Counts, btw: Between | None, cfg: Config) -> Verdict:
-    """Predicted and observed reuse, the two losses, and the row's cause."""
+    """Predicted and observed reuse, the two losses, and the row's cause.
+
+    `st` loses its tools block first when the template did not render it
+    (`drop_unrendered_tools`); the row's composition is taken from `st` after.
+    """
     v = Verdict()
+    drop_unrendered_tools(st, counts)
     prompt = counts.prompt_tokens
     reused = counts.reused_tokens
     total = st.total

@@ -171,7 +171,61 @@ def sentence(f: dict[str, Any]) -> tuple[str, str]:
             f"{ev.get('threshold')}); every cache miss re-processes it.",
             "Trim it, or move rarely needed instructions into tools or files read on demand.",
         )
+    if kind == "context_overflow":
+        return _overflow_sentence(f, model)
     return (f"{kind}: {_lost(f)}.", "")
+
+
+def _overflow_sentence(f: dict[str, Any], model: str) -> tuple[str, str]:
+    """context_overflow: prompts the server cut silently, or refused."""
+    ev = f.get("evidence", {})
+    n_ctx = ev.get("n_ctx")
+    # Ollama's requests say num_ctx; llama-server's errors say n_ctx.
+    name = "num_ctx" if ev.get("n_ctx_source") == "request" else "n_ctx"
+    ctx = f" ({name} {n_ctx:,})" if isinstance(n_ctx, int) else ""
+    sent = _value(ev.get("sent"))
+    largest = f"{sent:,.0f} tokens" if sent is not None else "a size not recorded"
+    cut = int(ev.get("truncated") or 0)
+    refused = int(ev.get("refused") or 0)
+    what: list[str] = []
+    fixes: list[str] = []
+    if cut:
+        dropped = _value(ev.get("dropped"))
+        gone = f", about {dropped:,.0f} tokens in all" if dropped else ""
+        reported = ev.get("reported")
+        counted = f"{reported:,}" if isinstance(reported, int) else "fewer"
+        what.append(
+            f"{model} silently dropped the start of {_n(cut, 'prompt')} that "
+            f"{'was' if cut == 1 else 'were'} longer than its context{ctx}: it counted "
+            f"{counted} tokens of the largest, which was about {largest}"
+            f"{gone}. The model answered without the oldest messages, or without the "
+            "system prompt and tools, and no error said so"
+        )
+        fixes.append(
+            "Raise the context above the largest prompt (Ollama: options.num_ctx in the "
+            "request, or OLLAMA_CONTEXT_LENGTH; llama-server: -c), or make the harness "
+            "compact its history before the prompt reaches the limit."
+        )
+    if refused:
+        if ev.get("refused_from") == "status":
+            what.append(
+                f"{model} refused {_n(refused, 'request')} with HTTP 400 when the prompt "
+                f"grew past any it had accepted (up to {largest}); a digest recording keeps "
+                "no error body, but on llama-server this is a prompt longer than the context"
+            )
+            fixes.append("Record with --full to see the server's own error.")
+        else:
+            what.append(
+                f"{model} refused {_n(refused, 'request')} longer than its context{ctx}, "
+                f"up to {largest}; those turns failed"
+            )
+        fixes.insert(
+            0,
+            "Start the server with a larger context (llama-server -c; with -np N each slot "
+            "gets a share of it), or have the harness compact or trim its history before the "
+            "prompt reaches the limit.",
+        )
+    return "; ".join(what) + ".", " ".join(dict.fromkeys(fixes))
 
 
 _CONTEXT_KINDS = ("unused_tool", "large_tool_schema", "large_system_prompt")
@@ -183,9 +237,14 @@ def readable_findings(findings: list[dict[str, Any]]) -> list[tuple[str, str, st
     The JSON keeps the spec's order (confidence first); a person wants the
     biggest loss first, and the unused tools of one client in one sentence.
     """
-    losses = [f for f in findings if f["kind"] not in _CONTEXT_KINDS]
+    # A prompt the server cut or refused comes first: the model worked
+    # without part of its prompt, which is worse than slow.
+    out = [(f["confidence"], *sentence(f)) for f in findings if f["kind"] == "context_overflow"]
+    losses = [
+        f for f in findings if f["kind"] not in _CONTEXT_KINDS and f["kind"] != "context_overflow"
+    ]
     losses.sort(key=lambda f: (-(_value(f.get("lost_ms")) or 0), -(f.get("lost_tokens") or 0)))
-    out = [(f["confidence"], *sentence(f)) for f in losses]
+    out += [(f["confidence"], *sentence(f)) for f in losses]
     unused: dict[str, list[dict[str, Any]]] = {}
     for f in findings:
         if f["kind"] == "unused_tool":
@@ -261,9 +320,18 @@ def render(
         + (f", {_n(stateless, 'stateless request')}." if stateless else "."),
     ]
     if skipped:
+        refused = cov.get("context_exceeded") or 0
         lines.append(
             "Skipped: "
-            + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in skipped.items())
+            + ", ".join(
+                f"{v:,} {k.replace('_', ' ')}"
+                + (
+                    f" ({refused:,} refused: prompt longer than the context)"
+                    if k == "non_2xx" and refused
+                    else ""
+                )
+                for k, v in skipped.items()
+            )
             + "."
         )
     if cov["bad_lines"]:
@@ -317,6 +385,19 @@ def render(
                 CAUSE_WORDS.get(cause, cause), str(c["rows"]), f"{c['tokens']:,}", duration(ms), pct
             )
         console.print(table)
+        cut = [
+            f
+            for f in header["findings"]
+            if f["kind"] == "context_overflow" and f.get("evidence", {}).get("truncated")
+        ]
+        if cut:
+            # The rows keep what the counters show; the findings name the cause.
+            console.print(
+                "Note: "
+                + _names([short_model(f.get("model")) for f in cut])
+                + " cut prompts that did not fit the context; the server-side losses of "
+                "those turns come from the cut (see Findings)."
+            )
     console.print()
 
     # Findings: what cost time first, then what costs context.

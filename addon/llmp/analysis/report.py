@@ -20,6 +20,7 @@ from llmp.analysis.counters import FIELDS
 from llmp.analysis.exchange import SKIP_REASONS, Exchange, Tools
 from llmp.analysis.findings import ToolStats
 from llmp.analysis.measure import MV, SERVER, Sum, as_json
+from llmp.analysis.overflow import CONTEXT_OVERFLOW
 from llmp.analysis.rows import Row, join_spilled
 
 if TYPE_CHECKING:
@@ -327,6 +328,11 @@ def build_header(
             "conversations": totals.conversations,
             "turns_with_reuse": totals.turns_with_reuse,
             "turns_with_timing": totals.turns_with_timing,
+            # Additive (docs/analysis.md §2): the part of skipped.non_2xx that
+            # the server refused because the prompt did not fit its context.
+            "context_exceeded": sum(
+                f["evidence"]["refused"] for f in findings if f["kind"] == CONTEXT_OVERFLOW
+            ),
         },
         "servers": servers,
         "time": {
