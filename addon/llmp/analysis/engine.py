@@ -54,11 +54,18 @@ class Engine:
 
     def feed(self, session: int, rec: dict[str, Any]) -> Row | None:
         """Analyse one record of `session`; the row it became, or None if skipped."""
+        return self.feed_prepared(session, rec, prepare(rec, self._tools_cache))
+
+    def feed_prepared(self, session: int, rec: dict[str, Any], ex: Exchange | Skip) -> Row | None:
+        """`feed` with `prepare` already done by the caller.
+
+        `rec` needs only `id` and `t_start_ms`, but the whole record when
+        `ex` is a Skip of a chat request (`Session.skip` reads it).
+        """
         self.totals.record(rec["t_start_ms"])
         s = self.session
         if s is None or s.number != session:
             s = self.session = Session(session, self.cfg)
-        ex = prepare(rec, self._tools_cache)
         if isinstance(ex, Skip):
             self.totals.skip(ex.reason, ex.path)
             if ex.chat:
