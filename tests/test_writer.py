@@ -116,3 +116,33 @@ def test_record_cut_short_by_a_kill_is_removed(tmp_path: Path) -> None:
     lines = path.read_bytes().split(b"\n")
     assert lines[0] + b"\n" == whole
     assert orjson.loads(lines[1])["id"] == 3 and lines[2] == b""
+
+
+def test_records_are_built_in_a_child_that_can_die(tmp_path: Path) -> None:
+    path = tmp_path / "rec.jsonl"
+    writer = RecordWriter(RecordingFile(str(path)), "digest")
+    builder = writer._builder
+    assert builder is not None and builder.proc.poll() is None
+    writer.submit(_cap(1))
+    for _ in range(200):  # wait until the first record went through the child
+        if writer.written == 1:
+            break
+        import time
+
+        time.sleep(0.01)
+    builder.proc.kill()
+    builder.proc.wait()
+    writer.submit(_cap(2))  # the child is gone: built in-thread instead
+    writer.submit(_cap(3))
+    writer.close()
+    ids = [orjson.loads(line)["id"] for line in path.read_bytes().splitlines()]
+    assert ids == [1, 2, 3]
+    assert writer._builder is None
+
+
+def test_child_builder_exits_with_the_writer(tmp_path: Path) -> None:
+    writer = RecordWriter(RecordingFile(str(tmp_path / "rec.jsonl")), "full")
+    builder = writer._builder
+    assert builder is not None
+    writer.close()
+    assert builder.proc.returncode == 0

@@ -18,7 +18,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 from llmp import canonical
+from llmp.builder import BuilderGone, ChildBuilder, build_line
 from llmp.capture import Capture
 from llmp.record import build_record
 
@@ -155,6 +158,8 @@ class RecordWriter:
         file: RecordingFile,
         mode: str,
         on_record: Callable[[dict[str, Any]], None] | None = None,
+        *,
+        child: bool = True,
     ) -> None:
         self.file = file
         self.mode = mode
@@ -163,6 +168,12 @@ class RecordWriter:
         self.lost = 0
         self.failed: str | None = None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._builder: ChildBuilder | None = None
+        if child:
+            try:
+                self._builder = ChildBuilder()
+            except BuilderGone as exc:
+                log.warning("llmp: building records in-thread: %s", exc)
         self._thread = threading.Thread(target=self._run, name="llmp-writer", daemon=True)
         self._thread.start()
 
@@ -177,17 +188,21 @@ class RecordWriter:
                 return
             self._write(item)
 
+    def _line(self, cap: Capture) -> bytes:
+        """The record's line, from the child process when there is one."""
+        if self._builder is not None:
+            try:
+                return self._builder.build(cap, self.mode)
+            except BuilderGone as exc:
+                log.warning("llmp: %s; building records in-thread from now on", exc)
+                self._builder = None
+        return build_line(cap, self.mode)
+
     def _write(self, cap: Capture) -> None:
-        try:
-            record = build_record(cap, self.mode)
-            line = canonical.record_dumps(record) + b"\n"
-        except Exception:
-            log.exception("llmp: could not build record %s; writing it without bodies", cap.id)
-            record = fallback_record(cap, self.mode)
-            line = canonical.record_dumps(record) + b"\n"
         if self.failed is not None:
             self.lost += 1
             return
+        line = self._line(cap)
         try:
             self.file.write_line(line)
         except OSError as exc:
@@ -204,7 +219,10 @@ class RecordWriter:
         self.written += 1
         if self.on_record is not None:
             try:
-                self.on_record(record)
+                # The live view reads the record as a reader would: number text
+                # kept where bodies are (R2), the fast parse otherwise.
+                full = self.mode == "full"
+                self.on_record(canonical.loads(line) if full else orjson.loads(line))
             except Exception:
                 log.exception("llmp: live view failed on record %s", cap.id)
 
@@ -212,6 +230,8 @@ class RecordWriter:
         """Write everything submitted so far, then release the file."""
         self._queue.put(_STOP)
         self._thread.join(timeout)
+        if self._builder is not None and not self._thread.is_alive():
+            self._builder.close()
         if self._thread.is_alive():
             log.error(
                 "llmp: writer did not finish within %.0f s; some records may be missing", timeout
