@@ -3,6 +3,9 @@
 Every hook does O(1) work on the proxy's event loop: it notes times, keeps
 references to bytes, and hands finished exchanges to the writer thread.
 Nothing here may delay, change or drop a byte of the client's traffic (R7).
+
+The live view (`llmp.live`) runs on the writer thread; the addon only hands
+it the writer's records and answers the reserved `/_llmp/` paths itself.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ import itertools
 import logging
 from typing import Any
 
+import orjson
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.proxy import server_hooks
 
+from llmp import live as llmp_live
 from llmp import options as llmp_options
 from llmp.capture import Capture, keep_headers, now_ms
 from llmp.errors import classify_error
@@ -24,6 +29,8 @@ log = logging.getLogger("llmp")
 
 READY = "llmp: recording to"
 _STATE = "llmp"  # key in flow.metadata
+_RESERVED = "llmp_reserved"  # flow.metadata key of a request for a /_llmp/ path
+_JSON = {"content-type": "application/json", "cache-control": "no-store"}
 
 
 class StreamTap:
@@ -55,7 +62,9 @@ class Recorder:
         self._running = False
         self.settings: llmp_options.Settings | None = None
         self.writer: RecordWriter | None = None
-        self._ids = itertools.count(1)
+        self.live: llmp_live.LiveView | None = None
+        self._live_key: tuple[object, ...] | None = None
+        self._last_id = 0
         self._conn_ids = itertools.count(1)
         self._conns: dict[str, int] = {}
         self._inflight: dict[int, Capture] = {}
@@ -91,20 +100,54 @@ class Recorder:
             )
         except llmp_options.OptionError as exc:
             raise exceptions.OptionsError(str(exc)) from None
+        old_live = self.live
+        live, live_key = self._new_live(settings)
         if self.settings is None or settings.file != self.settings.file:
             try:
                 file = RecordingFile(settings.file)
             except RecordingError as exc:
+                if live is not old_live and live is not None:
+                    live.abandon()
                 raise exceptions.OptionsError(str(exc)) from None
             if self.writer is not None:
                 self.writer.close()
             self.writer = RecordWriter(file, settings.body)
         elif self.writer is not None:
             self.writer.mode = settings.body
+        self.live, self._live_key = live, live_key
+        if live is not None:
+            live.body = settings.body
+        if self.writer is not None:
+            self.writer.on_record = live.on_record if live is not None else None
+        if old_live is not None and old_live is not live:
+            old_live.close()  # its LLMP_SUMMARY ends its part of the event file
         self.settings = settings
+
+    def _new_live(
+        self, s: llmp_options.Settings
+    ) -> tuple[llmp_live.LiveView | None, tuple[object, ...] | None]:
+        """The live view these settings ask for: the current one when they did not change."""
+        if not s.live:
+            return None, None
+        key = (s.live_warn_ms, s.live_warn_tokens, s.events, s.events_csv)
+        if self.live is not None and key == self._live_key:
+            return self.live, key
+        cfg = llmp_live.LiveConfig(
+            warn_ms=s.live_warn_ms,
+            warn_tokens=s.live_warn_tokens,
+            events=s.events,
+            events_csv=s.events_csv,
+        )
+        try:
+            # Turned on while running: ids already given may end first; they are left out.
+            view = llmp_live.LiveView(cfg, body=s.body, first_id=self._last_id + 1)
+        except llmp_live.LiveError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
+        return view, key
 
     def running(self) -> None:
         self._running = True
+        _quiet_legacy_log_events()
         s = self.settings
         if s is not None:
             log.info(
@@ -115,6 +158,14 @@ class Recorder:
                 s.limit,
                 s.connect_timeout,
             )
+            if s.live:
+                log.info(
+                    "llmp: live view on: a line per chat request, a warning above %s tokens "
+                    "or %s lost; summary at GET %s",
+                    f"{s.live_warn_tokens:,}",
+                    f"{s.live_warn_ms:,} ms",
+                    llmp_live.SUMMARY_PATH,
+                )
 
     def done(self) -> None:
         """Shutdown: in-flight exchanges are written as they stand (R13), then the file closes."""
@@ -128,6 +179,8 @@ class Recorder:
             self._finish(cap)
         self._inflight.clear()
         self.writer.close()
+        if self.live is not None:
+            self.live.close()  # after the writer drained: every record has been seen
         log.info("llmp: wrote %d records to %s", self.writer.written, self.writer.file.path)
 
     # -- connections -------------------------------------------------------
@@ -170,11 +223,16 @@ class Recorder:
     # -- flows -------------------------------------------------------------
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
+        req = flow.request
+        if req.path.startswith(llmp_live.RESERVED_PREFIX):
+            # Ours: answered in `request`, so it takes no id and makes no record.
+            flow.metadata[_RESERVED] = True
+            return
         if self.writer is None or self._finished:
             return
-        req = flow.request
+        self._last_id += 1
         cap = Capture(
-            id=next(self._ids),
+            id=self._last_id,
             conn=self._conns.get(flow.client_conn.id, 0),
             t_start_ms=int(req.timestamp_start * 1000),
             method=req.method,
@@ -186,6 +244,9 @@ class Recorder:
         self._inflight[cap.id] = cap
 
     def request(self, flow: http.HTTPFlow) -> None:
+        if flow.metadata.get(_RESERVED):
+            flow.response = self._reserved(flow.request.method, flow.request.path)
+            return
         cap = flow.metadata.get(_STATE)
         if cap is None or self.settings is None:
             return
@@ -196,6 +257,21 @@ class Recorder:
             cap.request_body = None
         else:
             cap.request_body = body
+
+    def _reserved(self, method: str, path: str) -> http.Response:
+        """The answer to a request for a /_llmp/ path; never forwarded upstream."""
+        if path.split("?", 1)[0] != llmp_live.SUMMARY_PATH:
+            return _json_response(
+                404, {"v": 1, "error": f"no such llmp path; try GET {llmp_live.SUMMARY_PATH}"}
+            )
+        if method != "GET":
+            resp = _json_response(405, {"v": 1, "error": "use GET"})
+            resp.headers["allow"] = "GET"
+            return resp
+        live = self.live
+        if live is None:
+            return _json_response(404, {"v": 1, "error": "the live view is off (llmp_live)"})
+        return http.Response.make(200, live.summary_json(), _JSON)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         cap = flow.metadata.get(_STATE)
@@ -242,3 +318,25 @@ class Recorder:
             cap.t_end_ms = now_ms()
         if self.writer is not None:
             self.writer.submit(cap)
+
+
+def _json_response(status: int, obj: dict[str, Any]) -> http.Response:
+    return http.Response.make(status, orjson.dumps(obj), _JSON)
+
+
+def _not_a_live_line(record: logging.LogRecord) -> bool:
+    return not getattr(record, llmp_live.LINE_ATTR, False)
+
+
+def _quiet_legacy_log_events() -> None:
+    """Keep the live view's per-request lines off mitmproxy's deprecated `add_log` hook.
+
+    mitmproxy hands every log record to the event loop once more, to call the
+    `add_log` hook of every addon (deprecated since mitmproxy 9; no built-in
+    addon uses it). For a line per request that is a cost on the client's
+    path, for nothing: the terminal and standard logging handlers still get
+    the line.
+    """
+    handler = getattr(ctx.master, "_legacy_log_events", None)
+    if isinstance(handler, logging.Handler) and _not_a_live_line not in handler.filters:
+        handler.addFilter(_not_a_live_line)

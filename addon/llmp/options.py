@@ -7,6 +7,7 @@ values with the same one-line reason.
 from __future__ import annotations
 
 import datetime as _dt
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,37 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "10",
         "Seconds to wait for the upstream connection before recording a timeout.",
     ),
+    OptionSpec(
+        "llmp_live",
+        bool,
+        True,
+        "Live view: a log line per chat request, a warning when a turn loses its cache, "
+        "and GET /_llmp/summary.",
+    ),
+    OptionSpec(
+        "llmp_live_warn_ms",
+        int,
+        2000,
+        "Warn when a turn re-processed more than this many ms of prefill it could have reused.",
+    ),
+    OptionSpec(
+        "llmp_live_warn_tokens",
+        int,
+        2000,
+        "Warn when a turn re-processed more than this many tokens it could have reused.",
+    ),
+    OptionSpec(
+        "llmp_events",
+        str,
+        "",
+        "Append the live event stream (LLMP_TURN / LLMP_SUMMARY lines) to this file.",
+    ),
+    OptionSpec(
+        "llmp_events_csv",
+        str,
+        "",
+        "Append one CSV row per analysed chat request (with a header row) to this file.",
+    ),
 )
 
 
@@ -60,6 +92,11 @@ class Settings:
     body: str
     limit: int
     connect_timeout: float
+    live: bool = True
+    live_warn_ms: int = 2000
+    live_warn_tokens: int = 2000
+    events: str = ""
+    events_csv: str = ""
 
 
 def validate(values: dict[str, Any]) -> Settings:
@@ -82,4 +119,42 @@ def validate(values: dict[str, Any]) -> Settings:
     if timeout > 3600:
         raise OptionError(f"llmp_connect_timeout must be at most 3600 seconds, not {timeout!r}")
     path = str(values.get("llmp_file") or "").strip() or default_file()
-    return Settings(file=path, body=body, limit=int(limit), connect_timeout=float(timeout))
+    live = values.get("llmp_live", True)
+    if not isinstance(live, bool):
+        raise OptionError(f"llmp_live must be true or false, not {live!r}")
+    warn: dict[str, int] = {}
+    for name in ("llmp_live_warn_ms", "llmp_live_warn_tokens"):
+        value = values.get(name, 2000)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise OptionError(f"{name} must be a whole number, 0 or more, not {value!r}")
+        warn[name] = value
+    events = str(values.get("llmp_events") or "").strip()
+    events_csv = str(values.get("llmp_events_csv") or "").strip()
+    if (events or events_csv) and not live:
+        raise OptionError(
+            "llmp_events and llmp_events_csv need the live view, which llmp_live turns off"
+        )
+    _distinct({"llmp_file": path, "llmp_events": events, "llmp_events_csv": events_csv})
+    return Settings(
+        file=path,
+        body=body,
+        limit=int(limit),
+        connect_timeout=float(timeout),
+        live=live,
+        live_warn_ms=warn["llmp_live_warn_ms"],
+        live_warn_tokens=warn["llmp_live_warn_tokens"],
+        events=events,
+        events_csv=events_csv,
+    )
+
+
+def _distinct(paths: dict[str, str]) -> None:
+    """The recording and the event files must be three different files."""
+    seen: dict[str, str] = {}
+    for name, path in paths.items():
+        if not path:
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            raise OptionError(f"{name} and {seen[real]} name the same file {path!r}")
+        seen[real] = name

@@ -38,6 +38,11 @@ FLAG_FOR_OPTION: dict[str, str] = {
     "llmp_body": "--full",
     "llmp_limit": "--limit",
     "llmp_connect_timeout": "--connect-timeout",
+    "llmp_live": "--no-live",
+    "llmp_live_warn_ms": "--warn-ms",
+    "llmp_live_warn_tokens": "--warn-tokens",
+    "llmp_events": "--events",
+    "llmp_events_csv": "--events-csv",
 }
 
 _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
@@ -132,10 +137,19 @@ def parse_seconds(text: str) -> float:
         raise UsageError(f"--connect-timeout must be a number of seconds, not {text!r}") from None
 
 
+def parse_count(text: str, flag: str) -> int:
+    """A whole number for a threshold flag; range checks are the options table's job."""
+    try:
+        return int(text.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise UsageError(f"{flag} must be a whole number, not {text!r}") from None
+
+
 def _flagify(message: str) -> str:
     """Name our flags instead of the mitmproxy option names in a shared error message."""
-    for name, flag in FLAG_FOR_OPTION.items():
-        message = message.replace(name, flag)
+    # Longest first: llmp_live is the start of llmp_live_warn_ms.
+    for name in sorted(FLAG_FOR_OPTION, key=len, reverse=True):
+        message = message.replace(name, FLAG_FOR_OPTION[name])
     return message
 
 
@@ -193,6 +207,11 @@ class ProxyConfig:
             "llmp_body": s.body,
             "llmp_limit": s.limit,
             "llmp_connect_timeout": s.connect_timeout,
+            "llmp_live": s.live,
+            "llmp_live_warn_ms": s.live_warn_ms,
+            "llmp_live_warn_tokens": s.live_warn_tokens,
+            "llmp_events": s.events,
+            "llmp_events_csv": s.events_csv,
         }
         return {spec.name: _as_type(spec.type, values[spec.name]) for spec in llmp_options.OPTIONS}
 
@@ -223,6 +242,14 @@ def build_config(args: argparse.Namespace) -> ProxyConfig:
         values["llmp_limit"] = parse_size(args.limit)
     if args.connect_timeout is not None:
         values["llmp_connect_timeout"] = parse_seconds(args.connect_timeout)
+    values["llmp_live"] = not args.no_live
+    if args.warn_ms is not None:
+        values["llmp_live_warn_ms"] = parse_count(args.warn_ms, "--warn-ms")
+    if args.warn_tokens is not None:
+        values["llmp_live_warn_tokens"] = parse_count(args.warn_tokens, "--warn-tokens")
+    for key, path in (("llmp_events", args.events), ("llmp_events_csv", args.events_csv)):
+        if path:
+            values[key] = os.path.abspath(os.path.expanduser(path))
     try:
         settings = llmp_options.validate(values)
     except llmp_options.OptionError as exc:
@@ -297,6 +324,8 @@ def banner_lines(cfg: ProxyConfig, port: int) -> list[str]:
     else:
         what = "digest: hashes and counts, no message text; --full keeps bodies"
     lines.append(f"Recording to {s.file} ({what}).")
+    if s.live:
+        lines.append(f"Live view: a line per chat request below; summary at {base}/_llmp/summary")
     if not _is_loopback(cfg.host):
         who = "as an open proxy" if cfg.forward else f"to reach {cfg.upstream}"
         lines.append(
@@ -441,6 +470,32 @@ def register(sub: Any) -> None:
         "--connect-timeout",
         metavar="SECONDS",
         help="upstream connect timeout before recording `timeout` (default 10)",
+    )
+    parser.add_argument(
+        "--no-live",
+        action="store_true",
+        help="no live view: no per-request lines, warnings or /_llmp/summary",
+    )
+    parser.add_argument(
+        "--warn-ms",
+        metavar="MS",
+        help="warn when a turn re-processed more than this many ms it could have reused "
+        "(default 2000)",
+    )
+    parser.add_argument(
+        "--warn-tokens",
+        metavar="N",
+        help="warn when a turn re-processed more than this many tokens (default 2000)",
+    )
+    parser.add_argument(
+        "--events",
+        metavar="FILE",
+        help="append the live event stream (LLMP_TURN / LLMP_SUMMARY lines) to FILE",
+    )
+    parser.add_argument(
+        "--events-csv",
+        metavar="FILE",
+        help="append one CSV row per analysed chat request to FILE (header row first)",
     )
     parser.add_argument(
         "--forward",
