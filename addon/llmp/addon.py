@@ -251,6 +251,7 @@ class Recorder:
         if cap is None or self.settings is None:
             return
         body = flow.request.raw_content or b""
+        cap.request_complete = True
         cap.request_body_bytes = len(body)
         if len(body) > self.settings.limit:
             cap.set_error("body_too_large")  # forwarded unchanged, stored as nothing (R12)
@@ -299,6 +300,10 @@ class Recorder:
         if cap is None:
             return
         msg = flow.error.msg if flow.error else ""
+        if not cap.request_complete:
+            # mitmproxy words a client that hangs up mid-body exactly like a
+            # server that dies mid-body; only the client was sending then.
+            cap.set_error("client_disconnected")
         timed_out = flow.client_conn.id in self._timed_out and cap.status is None
         self._timed_out.discard(flow.client_conn.id)
         cap.set_error(

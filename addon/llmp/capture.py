@@ -42,6 +42,7 @@ class Capture:
     request_encoding: str | None = None
     request_body: bytes | None = None
     request_body_bytes: int = 0
+    request_complete: bool = False  # the whole request body arrived
     # Response: `status is None` means no response head arrived.
     status: int | None = None
     response_headers: dict[str, str] = field(default_factory=dict)
