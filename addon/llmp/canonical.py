@@ -74,7 +74,7 @@ class RawInt(int):
         return f"RawInt({self.text!r})"
 
 
-def _parse_int(text: str) -> int:
+def _parse_int(text: str) -> int | float:
     # serde_json writes 64-bit integers in plain decimal (so "-0" becomes "0")
     # and keeps the text of anything larger.
     if len(text) < 19:
