@@ -258,6 +258,7 @@ class Variant:
     name: str
     addon_dir: Path | None
     mode: str
+    options: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> Variant:
@@ -285,7 +286,12 @@ def start_paths(
     upstream: UpstreamProcess, tmp: Path, addon_dir: Path | None, variants: Sequence[Variant]
 ) -> dict[str, PathInfo]:
     """Start the mitmdumps side by side (their start-ups overlap)."""
-    specs = [*(Variant(m, addon_dir, m) for m in ("digest", "full")), *variants]
+    specs = [
+        *(Variant(m, addon_dir, m) for m in ("digest", "full")),
+        # the same recorder with its live view off: what the live view costs
+        Variant("nolive", addon_dir, "digest", (("llmp_live", "false"),)),
+        *variants,
+    ]
     proxies: dict[str, tuple[str, Mitmdump]] = {
         "plain": (
             "mitmdump (no addon)",
@@ -297,10 +303,16 @@ def start_paths(
     for v in specs:
         script, env = _recorder_env(v.addon_dir)
         md = Mitmdump(
-            upstream.url, tmp / f"{v.name}.jsonl", {"llmp_body": v.mode}, script=script, env=env
+            upstream.url,
+            tmp / f"{v.name}.jsonl",
+            {"llmp_body": v.mode, **dict(v.options)},
+            script=script,
+            env=env,
         )
         label = f"mitmdump + recorder, {v.mode}"
-        if v.name != v.mode:
+        if v.name == "nolive":
+            label = "mitmdump + recorder, digest, live view off"
+        elif v.name != v.mode:
             label = f"{v.name} ({v.mode})"
         proxies[v.name] = (label, md)
     with concurrent.futures.ThreadPoolExecutor(len(proxies)) as pool:
@@ -782,6 +794,14 @@ def report(paths: dict[str, PathInfo], res: Results, p: Params) -> list[str]:
         lines.append(
             f"  {n:<{w}} end-of-stream delay <= 1 ms over plain: p50 {e50:+.3f} ms, "
             f"p99 {e99:+.3f} ms  {'MET' if e99 <= 1.0 else 'MISSED'} (judged on p99)"
+        )
+    if "nolive" in tp and "digest" in tp:
+        costs = [1 - tp["digest"][c] / tp["nolive"][c] for c in cells]
+        worst = max(costs)
+        lines.append(
+            f"  live view costs < 5% of the recorder's throughput (digest, live on vs off): "
+            f"worst cell {worst:.1%} ({cells[costs.index(worst)]})  "
+            f"{'MET' if worst < 0.05 else 'MISSED'}"
         )
     return lines
 
