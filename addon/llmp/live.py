@@ -18,7 +18,6 @@ Pure: no mitmproxy import; `llmp.addon` wires it in.
 from __future__ import annotations
 
 import csv
-import errno
 import fcntl
 import heapq
 import io
@@ -38,8 +37,9 @@ from llmp.analysis.config import Config
 from llmp.analysis.engine import Engine
 from llmp.analysis.loss import STRUCTURAL, UNDETERMINED, Between
 from llmp.analysis.measure import MV, Sum, clean, weakest
-from llmp.analysis.render import CAUSE_WORDS, SHAPE_WORDS, _names, duration, short_model
+from llmp.analysis.render import CAUSE_WORDS, SHAPE_WORDS, duration, join_names, short_model
 from llmp.analysis.rows import Loss, Row
+from llmp.writer import RecordingError, open_locked
 
 log = logging.getLogger("llmp")
 
@@ -233,19 +233,19 @@ def between_text(row: Row, btw: Between | None, label: Callable[[int], str]) -> 
     parts: list[str] = []
     side = [by_id[i] for i in row.side_calls_between if i in by_id]
     if side:
-        who = _names(_unique(label(e.client) for e in side))
+        who = join_names(_unique(label(e.client) for e in side))
         parts.append(f"{_count(len(side), 'side-call')} from {who}")
     other = [by_id[i] for i in row.other_conversations_between if i in by_id]
     if other:
-        who = _names(_unique(label(e.client) for e in other))
+        who = join_names(_unique(label(e.client) for e in other))
         parts.append(f"{_count(len(other), 'request')} of other conversations from {who}")
     models = [by_id[i] for i in row.other_domains_between if i in by_id]
     if models:
-        names = _names(_unique(short_model(e.served) for e in models))
+        names = join_names(_unique(short_model(e.served) for e in models))
         parts.append(f"{_count(len(models), 'request')} to {names}")
     if not parts:
         return None
-    return f"{_names(parts)} ran in between"
+    return f"{join_names(parts)} ran in between"
 
 
 def cause_text(row: Row, btw: Between | None, label: Callable[[int], str]) -> str | None:
@@ -392,20 +392,10 @@ class _LineFile:
         self.path = path
         self.option = option
         self.failed = False
-        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
         try:
-            self.fd = os.open(path, flags, 0o600)
-        except OSError as exc:
-            raise LiveError(f"cannot open {option} {path!r}: {exc.strerror}") from None
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(self.fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise LiveError(
-                    f"{option} {path!r} is in use by another recorder; choose another file"
-                ) from None
-            raise LiveError(f"cannot lock {option} {path!r}: {exc.strerror}") from None
+            self.fd = open_locked(path, option, "choose another file")
+        except RecordingError as exc:
+            raise LiveError(str(exc)) from None
         size = os.fstat(self.fd).st_size
         if size and os.pread(self.fd, 1, size - 1) != b"\n":
             self.write(b"\n")  # close a partial line left by something else

@@ -9,6 +9,7 @@ bytes never wait for it.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import logging
@@ -49,26 +50,33 @@ class RecordingError(Exception):
     """The recording file cannot be used; the message says why, in one line."""
 
 
+def open_locked(path: str, what: str, hint: str) -> int:
+    """Open `path` to append (a new file is 0600) and lock it exclusively.
+
+    Two writers on one file would interleave and collide (R14), so a file
+    another process holds is refused; `RecordingError` says why in one line.
+    """
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise RecordingError(f"cannot open {what} {path!r}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise RecordingError(f"{what} {path!r} is in use by another recorder; {hint}") from None
+        raise RecordingError(f"cannot lock {what} {path!r}: {exc.strerror}") from None
+    return fd
+
+
 class RecordingFile:
     """An append-only JSON Lines file, held under an exclusive lock."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-        try:
-            self.fd = os.open(path, flags, 0o600)
-        except OSError as exc:
-            raise RecordingError(f"cannot open recording {path!r}: {exc.strerror}") from None
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(self.fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise RecordingError(
-                    f"recording {path!r} is in use by another recorder; "
-                    "choose another file with llmp_file"
-                ) from None
-            raise RecordingError(f"cannot lock recording {path!r}: {exc.strerror}") from None
+        self.fd = open_locked(path, "recording", "choose another file with llmp_file")
         self._end_with_newline()
 
     def _end_with_newline(self) -> None:
@@ -127,23 +135,7 @@ class RecordingFile:
 
 def fallback_record(cap: Capture, mode: str) -> dict[str, Any]:
     """A record without bodies, for when building the real one failed: never lose an exchange."""
-    stripped = Capture(
-        id=cap.id,
-        conn=cap.conn,
-        t_start_ms=cap.t_start_ms,
-        method=cap.method,
-        path=cap.path,
-        request_headers=cap.request_headers,
-        request_body=None,
-        request_body_bytes=cap.request_body_bytes,
-        status=cap.status,
-        response_headers=cap.response_headers,
-        response_body_bytes=cap.response_body_bytes,
-        truncated=cap.truncated,
-        t_first_byte_ms=cap.t_first_byte_ms,
-        t_end_ms=cap.t_end_ms,
-        error=cap.error,
-    )
+    stripped = dataclasses.replace(cap, request_body=None, pieces=[], stored_bytes=0)
     return build_record(stripped, mode)
 
 

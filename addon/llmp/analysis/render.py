@@ -66,7 +66,8 @@ def _lost(f: dict[str, Any]) -> str:
     return "loss not measured (the server reports no cache counters)"
 
 
-def _names(items: Sequence[str]) -> str:
+def join_names(items: Sequence[str]) -> str:
+    """Names as a sentence lists them: "a", "a and b", "a, b and c"."""
     items = list(items)
     if not items:
         return "a client"
@@ -88,7 +89,7 @@ def sentence(f: dict[str, Any]) -> tuple[str, str]:
     if kind == "side_call_on_conversation_model":
         shapes = ", ".join(SHAPE_WORDS.get(s, s) for s in ev.get("shapes", {})) or "side"
         return (
-            f"{_names(ev.get('clients', []))}'s {shapes} side-calls ran on {model}, the model "
+            f"{join_names(ev.get('clients', []))}'s {shapes} side-calls ran on {model}, the model "
             f"serving the conversation, and evicted the cache {_times(n)}: {_lost(f)}.",
             "Give side-calls their own slot (llama-server -np 2 with a larger -c) or their own "
             "model on another server.",
@@ -138,15 +139,16 @@ def sentence(f: dict[str, Any]) -> tuple[str, str]:
         )
     if kind == "other_conversation_eviction":
         k = ev.get("other_conversations", 0)
+        who = join_names(ev.get("clients", []))
         return (
-            f"{k} other conversation{'s' if k != 1 else ''} ({_names(ev.get('clients', []))}) ran "
+            f"{k} other conversation{'s' if k != 1 else ''} ({who}) ran "
             f"on {model} between turns and evicted the cache {_times(n)}: {_lost(f)}.",
             "Give each agent its own slot (llama-server -np N with -c large enough for N "
             "contexts), or run them one at a time.",
         )
     if kind == "other_model_eviction":
         return (
-            f"Requests to {_names([short_model(m) for m in ev.get('other_models', [])])} ran "
+            f"Requests to {join_names([short_model(m) for m in ev.get('other_models', [])])} ran "
             f"between turns on {model}, and "
             f"its cache was gone {_times(n)}: {_lost(f)}.",
             "Keep both models loaded (OLLAMA_MAX_LOADED_MODELS, llama-swap groups), or serve "
@@ -394,7 +396,7 @@ def render(
             # The rows keep what the counters show; the findings name the cause.
             console.print(
                 "Note: "
-                + _names([short_model(f.get("model")) for f in cut])
+                + join_names([short_model(f.get("model")) for f in cut])
                 + " cut prompts that did not fit the context; the server-side losses of "
                 "those turns come from the cut (see Findings)."
             )
