@@ -52,12 +52,27 @@ TOOLS: list[dict[str, Any]] = [
 ]
 
 
+GUIDELINES = [
+    "Read a file before you change it, and change only what the task needs.",
+    "Keep the existing style: names, formatting, docstrings and type hints.",
+    "Run the tests after every change and report failures with their output.",
+    "Never invent APIs; look them up in the repository or say you are unsure.",
+    "Prefer small, reviewable steps, and explain each one in a sentence.",
+    "Do not touch generated files, lock files or vendored code.",
+    "When a command fails, read the error before trying something else.",
+    "Ask before deleting files or rewriting history.",
+]
+
+
 def _system(clock: str) -> dict[str, str]:
+    # Like many harnesses' prompts: long, and the clock near the top, so that
+    # a new minute invalidates everything after it.
+    rules = "\n".join(f"{n}. {rule}" for n, rule in enumerate(GUIDELINES * 3, 1))
     return {
         "role": "system",
-        "content": "You are a careful coding agent working in a small Python repository. "
-        "Answer briefly. Use the tools when you need to look at files. "
-        f"Current time: {clock}.",
+        "content": f"Current time: {clock}.\n"
+        "You are a careful coding agent working in a small Python repository. "
+        f"Answer briefly. Use the tools when you need to look at files.\n{rules}",
     }
 
 

@@ -413,6 +413,11 @@ def render(
                 console.print(Text.assemble("   ", ("Fix: ", "bold green"), fix))
         if len(items) > max_findings:
             console.print(f"… and {len(items) - max_findings} more (see --json).")
+    elif header["time"]["lost_tokens"]:
+        console.print(
+            "No findings: each cause lost less than the thresholds a finding needs "
+            "(--min-lost-tokens); the table above shows every loss."
+        )
     else:
         console.print("No findings: nothing was lost that the recording can show.")
     console.print()
