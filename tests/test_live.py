@@ -355,9 +355,22 @@ def test_summary_merges_clients_by_label() -> None:
     assert sum(c["requests"] for c in s["clients"]) == s["requests"]
 
 
+def _break_on(view: LiveView, rid: int) -> None:
+    """Make the engine raise on one record id, as a bug would."""
+    feed = view.engine.feed
+
+    def broken(session: int, rec: dict[str, Any]) -> Any:
+        if rec["id"] == rid:
+            raise RuntimeError("engine bug")
+        return feed(session, rec)
+
+    view.engine.feed = broken  # type: ignore[method-assign]
+
+
 def test_a_failing_record_never_reaches_the_writer(caplog: pytest.LogCaptureFixture) -> None:
     view = LiveView()
-    view.on_record({"id": 1})  # no t_start_ms: the engine raises
+    _break_on(view, 1)
+    view.on_record({"id": 1, "t_start_ms": 0})
     assert view.errors == 1
     for r in records(sc.clean_chat()):
         r["id"] += 1
@@ -371,7 +384,7 @@ def test_a_bad_record_in_a_burst_costs_only_itself() -> None:
     recs = records(sc.clean_chat())
     recs.sort(key=lambda r: r["id"])
     view = LiveView()
-    del recs[0]["t_start_ms"]  # record 1 breaks the engine...
+    _break_on(view, 1)  # record 1 breaks the engine...
     for r in recs[1:]:
         view.on_record(r)  # ...and 2-5 wait for it
     assert view.reorder.waiting == 4

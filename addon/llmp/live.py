@@ -572,7 +572,10 @@ class LiveView:
         self._io_lock = threading.Lock()
         self._closed = False
         self._pending: tuple[Row, Between | None] | None = None
-        self.engine = Engine(analysis, spill=False, on_row=self._on_row)
+        # Rows only: no totals, findings or summaries to grow while a proxy runs for days.
+        self.engine = Engine(
+            analysis, spill=False, summaries=False, report=False, on_row=self._on_row
+        )
         self.reorder = Reorder(first_id, self.cfg.reorder_records, self.cfg.reorder_bytes)
         self.ring: deque[dict[str, Any]] = deque(maxlen=max(1, self.cfg.ring))
         self.records = 0

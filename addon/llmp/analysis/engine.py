@@ -36,16 +36,19 @@ class Engine:
         *,
         spill: bool = True,
         summaries: bool = True,
+        report: bool = True,
         on_row: RowHook | None = None,
     ) -> None:
         """`spill` keeps the rows for `--json`; `summaries` one line per
-        conversation for the readable report."""
+        conversation for the readable report; `report=False` keeps no totals
+        and no findings (the live view only wants rows, and runs for days)."""
         self.cfg = cfg or Config()
         self.clients = ClientRegistry()
         self.totals = Totals(summaries)
         self.findings = Findings(self.cfg)
         self.spill: Spill | None = Spill() if spill else None
         self.on_row = on_row
+        self.report = report
         self.session: Session | None = None
         self.conversations = 0
         self._tools_cache: dict[str, Tools] = {}
@@ -62,21 +65,25 @@ class Engine:
         `rec` needs only `id` and `t_start_ms`, but the whole record when
         `ex` is a Skip of a chat request (`Session.skip` reads it).
         """
-        self.totals.record(rec["t_start_ms"])
+        report = self.report
+        if report:
+            self.totals.record(rec["t_start_ms"])
         s = self.session
         if s is None or s.number != session:
             s = self.session = Session(session, self.cfg)
         if isinstance(ex, Skip):
-            self.totals.skip(ex.reason, ex.path)
             if ex.chat:
                 s.skip(rec)
-            if ex.refusal is not None:
-                self.findings.refused(session, rec["id"], ex.refusal)
+            if report:
+                self.totals.skip(ex.reason, ex.path)
+                if ex.refusal is not None:
+                    self.findings.refused(session, rec["id"], ex.refusal)
             return None
         row, btw = self._row(s, ex)
-        self.totals.add(row)
-        self.totals.offer(row.client, ex, session)
-        self.findings.add(row, btw, ex)
+        if report:
+            self.totals.add(row)
+            self.totals.offer(row.client, ex, session)
+            self.findings.add(row, btw, ex)
         if self.spill is not None:
             self.spill.write(row)
         if self.on_row is not None:
