@@ -1265,23 +1265,17 @@ class Upstream:
         for piece in g.content:
             line({"role": "assistant", "content": piece})
         message: dict[str, Any] = {"role": "assistant", "content": ""}
-        if g.tool is not None:
-            message["tool_calls"] = self._ollama_tool_calls(g)
-        final: dict[str, Any] = {
-            "model": g.model,
-            "created_at": _go_time(),
-            "message": message,
-            "done_reason": "length" if g.finish == "length" else "stop",
-            "done": True,
-        }
-        final.update(self._ollama_counters(ex, g))
-        lines.append(go_dumps(final) + b"\n")
+        lines.append(go_dumps(self._ollama_done(ex, g, message)) + b"\n")
         return lines
 
     def _ollama_full(self, ex: Exchange, g: _Gen) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": g.content_text}
         if g.reasoning:
             message["thinking"] = g.reasoning_text
+        return self._ollama_done(ex, g, message)
+
+    def _ollama_done(self, ex: Exchange, g: _Gen, message: dict[str, Any]) -> dict[str, Any]:
+        """The final object (`done: true`): the message, with any tool calls, and the counters."""
         if g.tool is not None:
             message["tool_calls"] = self._ollama_tool_calls(g)
         obj: dict[str, Any] = {
