@@ -296,7 +296,7 @@ def test_the_addon_in_process(tmp_path: Path) -> None:
                 f = tflow.tflow()
                 f.request.method, f.request.path = method, path
                 rec.requestheaders(f)
-                rec.request(f)
+                await rec.request(f)
                 assert f.response is not None and f.response.status_code == status
                 assert json.loads(f.response.content or b"")["v"] == 1
             assert rec._last_id == 0  # no ids taken, so no records

@@ -4,8 +4,9 @@ Every hook does O(1) work on the proxy's event loop: it notes times, keeps
 references to bytes, and hands finished exchanges to the writer thread.
 Nothing here may delay, change or drop a byte of the client's traffic (R7).
 
-The live view (`llmp.live`) runs on the writer thread; the addon only hands
-it the writer's records and answers the reserved `/_llmp/` paths itself.
+The live view (`llmp.live`) runs next to the record building, in the builder
+child (`llmp.builder`); the addon only says which live view the options ask
+for, and answers the reserved `/_llmp/` paths itself.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from llmp import live as llmp_live
 from llmp import options as llmp_options
 from llmp.capture import Capture, keep_headers, now_ms
 from llmp.errors import classify_error
-from llmp.writer import RecordingError, RecordingFile, RecordWriter
+from llmp.writer import LiveSpec, RecordingError, RecordingFile, RecordWriter
 
 log = logging.getLogger("llmp")
 
 READY = "llmp: recording to"
+RELAY_INTERVAL = 0.05
+"""Seconds between two turns of logging the live view's lines on the event loop."""
 _STATE = "llmp"  # key in flow.metadata
 _RESERVED = "llmp_reserved"  # flow.metadata key of a request for a /_llmp/ path
 _JSON = {"content-type": "application/json", "cache-control": "no-store"}
@@ -62,8 +65,7 @@ class Recorder:
         self._running = False
         self.settings: llmp_options.Settings | None = None
         self.writer: RecordWriter | None = None
-        self.live: llmp_live.LiveView | None = None
-        self._live_key: tuple[object, ...] | None = None
+        self._live_key: tuple[object, ...] | None = None  # the live view's settings, or None
         self._last_id = 0
         self._conn_ids = itertools.count(1)
         self._conns: dict[str, int] = {}
@@ -71,6 +73,7 @@ class Recorder:
         self._finished = False
         # Connect-timeout timers, and the client connections whose connect they gave up on.
         self._connect_timers: dict[str, asyncio.TimerHandle] = {}
+        self._relay_timer: asyncio.TimerHandle | None = None
         self._timed_out: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------
@@ -100,54 +103,53 @@ class Recorder:
             )
         except llmp_options.OptionError as exc:
             raise exceptions.OptionsError(str(exc)) from None
-        old_live = self.live
-        live, live_key = self._new_live(settings)
-        if self.settings is None or settings.file != self.settings.file:
+        new_writer = self.settings is None or settings.file != self.settings.file
+        if new_writer:
             try:
                 file = RecordingFile(settings.file)
             except RecordingError as exc:
-                if live is not old_live and live is not None:
-                    live.abandon()
                 raise exceptions.OptionsError(str(exc)) from None
             if self.writer is not None:
-                self.writer.close()
+                self.writer.close()  # with its live view: its LLMP_SUMMARY ends its part
             self.writer = RecordWriter(file, settings.body)
+            self.writer.hold_logs = self._relay_timer is not None
+            self._live_key = None
         elif self.writer is not None:
             self.writer.mode = settings.body
-        self.live, self._live_key = live, live_key
-        if live is not None:
-            live.body = settings.body
-        if self.writer is not None:
-            self.writer.on_record = live.on_record if live is not None else None
-        if old_live is not None and old_live is not live:
-            old_live.close()  # its LLMP_SUMMARY ends its part of the event file
+        assert self.writer is not None
+        key = _live_key(settings)
+        if key != self._live_key:
+            try:
+                self.writer.set_live(self._live_spec(settings))
+            except llmp_live.LiveError as exc:
+                self._live_key = None
+                if new_writer and not self._running:
+                    self.writer.close()
+                    self.writer = None
+                raise exceptions.OptionsError(str(exc)) from None
+            self._live_key = key
         self.settings = settings
 
-    def _new_live(
-        self, s: llmp_options.Settings
-    ) -> tuple[llmp_live.LiveView | None, tuple[object, ...] | None]:
-        """The live view these settings ask for: the current one when they did not change."""
+    def _live_spec(self, s: llmp_options.Settings) -> LiveSpec | None:
+        """The live view these settings ask for, from the next id on.
+
+        Turned on while running: exchanges already in flight end after it
+        started, and are left out (`reorder.late`).
+        """
         if not s.live:
-            return None, None
-        key = (s.live_warn_ms, s.live_warn_tokens, s.events, s.events_csv)
-        if self.live is not None and key == self._live_key:
-            return self.live, key
+            return None
         cfg = llmp_live.LiveConfig(
             warn_ms=s.live_warn_ms,
             warn_tokens=s.live_warn_tokens,
             events=s.events,
             events_csv=s.events_csv,
         )
-        try:
-            # Turned on while running: ids already given may end first; they are left out.
-            view = llmp_live.LiveView(cfg, body=s.body, first_id=self._last_id + 1)
-        except llmp_live.LiveError as exc:
-            raise exceptions.OptionsError(str(exc)) from None
-        return view, key
+        return LiveSpec(cfg, first_id=self._last_id + 1)
 
     def running(self) -> None:
         self._running = True
         _quiet_legacy_log_events()
+        self._start_relay()
         s = self.settings
         if s is not None:
             log.info(
@@ -167,9 +169,27 @@ class Recorder:
                     llmp_live.SUMMARY_PATH,
                 )
 
+    def _start_relay(self) -> None:
+        """Log the live view's lines on the event loop, every `RELAY_INTERVAL` seconds."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a test calling hooks by hand): the writer logs them itself
+        if self.writer is not None:
+            self.writer.hold_logs = True
+        self._relay_timer = loop.call_later(RELAY_INTERVAL, self._relay)
+
+    def _relay(self) -> None:
+        if self.writer is not None:
+            self.writer.relay_logs()
+        if not self._finished:
+            self._relay_timer = asyncio.get_running_loop().call_later(RELAY_INTERVAL, self._relay)
+
     def done(self) -> None:
         """Shutdown: in-flight exchanges are written as they stand (R13), then the file closes."""
         self._finished = True
+        if self._relay_timer is not None:
+            self._relay_timer.cancel()
         for timer in self._connect_timers.values():
             timer.cancel()
         if self.writer is None:
@@ -178,9 +198,7 @@ class Recorder:
             cap.set_error("upstream_reset")
             self._finish(cap)
         self._inflight.clear()
-        self.writer.close()
-        if self.live is not None:
-            self.live.close()  # after the writer drained: every record has been seen
+        self.writer.close()  # the live view's last lines come after the last record
         log.info("llmp: wrote %d records to %s", self.writer.written, self.writer.file.path)
 
     # -- connections -------------------------------------------------------
@@ -243,9 +261,9 @@ class Recorder:
         flow.metadata[_STATE] = cap
         self._inflight[cap.id] = cap
 
-    def request(self, flow: http.HTTPFlow) -> None:
+    async def request(self, flow: http.HTTPFlow) -> None:
         if flow.metadata.get(_RESERVED):
-            flow.response = self._reserved(flow.request.method, flow.request.path)
+            flow.response = await self._reserved(flow.request.method, flow.request.path)
             return
         cap = flow.metadata.get(_STATE)
         if cap is None or self.settings is None:
@@ -259,7 +277,7 @@ class Recorder:
         else:
             cap.request_body = body
 
-    def _reserved(self, method: str, path: str) -> http.Response:
+    async def _reserved(self, method: str, path: str) -> http.Response:
         """The answer to a request for a /_llmp/ path; never forwarded upstream."""
         if path.split("?", 1)[0] != llmp_live.SUMMARY_PATH:
             return _json_response(
@@ -269,10 +287,14 @@ class Recorder:
             resp = _json_response(405, {"v": 1, "error": "use GET"})
             resp.headers["allow"] = "GET"
             return resp
-        live = self.live
-        if live is None:
+        writer = self.writer
+        if writer is None or self._live_key is None:
             return _json_response(404, {"v": 1, "error": "the live view is off (llmp_live)"})
-        return http.Response.make(200, live.summary_json(), _JSON)
+        # The summary comes from the builder child (or the writer's thread): asked off the loop.
+        summary = await asyncio.to_thread(writer.live_summary)
+        if summary is None:
+            return _json_response(503, {"v": 1, "error": "the live view did not answer"})
+        return http.Response.make(200, summary, _JSON)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         cap = flow.metadata.get(_STATE)
@@ -323,6 +345,13 @@ class Recorder:
             cap.t_end_ms = now_ms()
         if self.writer is not None:
             self.writer.submit(cap)
+
+
+def _live_key(s: llmp_options.Settings) -> tuple[object, ...] | None:
+    """What a change of which restarts the live view."""
+    if not s.live:
+        return None
+    return (s.live_warn_ms, s.live_warn_tokens, s.events, s.events_csv)
 
 
 def _json_response(status: int, obj: dict[str, Any]) -> http.Response:

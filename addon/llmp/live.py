@@ -39,7 +39,7 @@ from llmp.analysis.loss import STRUCTURAL, UNDETERMINED, Between
 from llmp.analysis.measure import MV, Sum, clean, weakest
 from llmp.analysis.render import CAUSE_WORDS, SHAPE_WORDS, duration, join_names, short_model
 from llmp.analysis.rows import Loss, Row
-from llmp.writer import RecordingError, open_locked
+from llmp.lockfile import RecordingError, open_locked
 
 log = logging.getLogger("llmp")
 
@@ -550,9 +550,11 @@ class _Cause:
 class LiveView:
     """The engine run incrementally on the recorder's records.
 
-    `on_record` runs on the writer thread; `summary_json` on the proxy's event
-    loop.  One lock guards the engine and the aggregates; file and log output
-    happen outside it, so a slow terminal never holds up a summary request.
+    `on_record` runs on one thread (the builder child's, or the writer's);
+    `summary_json` on another.  One lock guards the engine and the
+    aggregates; file and log output happen outside it, so a slow terminal
+    never holds up a summary request.  `say` gets each per-request line with
+    its level; by default it is logged, marked with `LINE_ATTR`.
     """
 
     def __init__(
@@ -563,10 +565,12 @@ class LiveView:
         first_id: int = 1,
         analysis: Config | None = None,
         clock: Callable[[], float] = time.time,
+        say: Callable[[int, str], None] | None = None,
     ) -> None:
         self.cfg = cfg or LiveConfig()
         self.body = body
         self._clock = clock
+        self._say = say or _log_line
         self.started_ms = self._now()
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
@@ -683,11 +687,7 @@ class LiveView:
         return ev
 
     def _emit(self, ev: dict[str, Any]) -> None:
-        line = request_line(ev)
-        if ev["warn"]:
-            log.warning("%s", line, extra=_LINE)
-        else:
-            log.info("%s", line, extra=_LINE)
+        self._say(logging.WARNING if ev["warn"] else logging.INFO, request_line(ev))
         with self._io_lock:
             if self._events is not None:
                 self._events.put(TURN_TAG, ev)
@@ -777,6 +777,11 @@ class LiveView:
             if self._csv is not None:
                 self._csv.close()
         return summary
+
+
+def _log_line(level: int, line: str) -> None:
+    """A per-request line, marked as one (`LINE_ATTR`)."""
+    log.log(level, "%s", line, extra=_LINE)
 
 
 def _merge(into: _Agg, agg: _Agg) -> None:

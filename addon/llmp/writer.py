@@ -9,22 +9,22 @@ bytes never wait for it.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
-import errno
 import fcntl
 import logging
 import os
 import queue
 import threading
-from collections.abc import Callable
 from typing import Any
 
-import orjson
-
-from llmp import canonical
-from llmp.builder import BuilderGone, ChildBuilder, build_line
+from llmp.builder import BuilderGone, ChildBuilder, build_line, feed, relay, replace_view
 from llmp.capture import Capture
-from llmp.record import build_record
+from llmp.live import LiveConfig, LiveError, LiveView
+from llmp.lockfile import RecordingError, open_locked
+
+__all__ = ["LiveSpec", "RecordWriter", "RecordingError", "RecordingFile", "open_locked"]
 
 log = logging.getLogger("llmp")
 
@@ -44,31 +44,6 @@ def _last_line_start(fh: Any, size: int, block: int = 1 << 16) -> int:
             return begin + cut + 1
         end = begin
     return 0
-
-
-class RecordingError(Exception):
-    """The recording file cannot be used; the message says why, in one line."""
-
-
-def open_locked(path: str, what: str, hint: str) -> int:
-    """Open `path` to append (a new file is 0600) and lock it exclusively.
-
-    Two writers on one file would interleave and collide (R14), so a file
-    another process holds is refused; `RecordingError` says why in one line.
-    """
-    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags, 0o600)
-    except OSError as exc:
-        raise RecordingError(f"cannot open {what} {path!r}: {exc.strerror}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise RecordingError(f"{what} {path!r} is in use by another recorder; {hint}") from None
-        raise RecordingError(f"cannot lock {what} {path!r}: {exc.strerror}") from None
-    return fd
 
 
 class RecordingFile:
@@ -133,39 +108,57 @@ class RecordingFile:
                 self.fd = -1
 
 
-def fallback_record(cap: Capture, mode: str) -> dict[str, Any]:
-    """A record without bodies, for when building the real one failed: never lose an exchange."""
-    stripped = dataclasses.replace(cap, request_body=None, pieces=[], stored_bytes=0)
-    return build_record(stripped, mode)
-
-
 _STOP = object()
+MAX_HELD_LOGS = 10_000
+"""Answers' logs held for `relay_logs` at most; past that they are logged at once."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveSpec:
+    """The live view the recorder asks for: its settings, and the first id it is to see."""
+
+    cfg: LiveConfig
+    first_id: int
+
+
+@dataclasses.dataclass
+class _SetLive:
+    """A queued request to start, replace or stop the live view, in line with the records."""
+
+    spec: LiveSpec | None
+    done: concurrent.futures.Future[None] = dataclasses.field(
+        default_factory=concurrent.futures.Future
+    )
 
 
 class RecordWriter:
-    """Builds and writes records on a background thread, in submission order."""
+    """Builds and writes records on a background thread, in submission order.
 
-    def __init__(
-        self,
-        file: RecordingFile,
-        mode: str,
-        on_record: Callable[[dict[str, Any]], None] | None = None,
-        *,
-        child: bool = True,
-    ) -> None:
+    The live view sees every record after it is built, in the same order.  It
+    runs in the builder child next to the building (`llmp.builder`), so its
+    analysis never takes the proxy's GIL; without a child, here, on the
+    writer thread, after the record is written.
+    """
+
+    def __init__(self, file: RecordingFile, mode: str, *, child: bool = True) -> None:
         self.file = file
         self.mode = mode
-        self.on_record = on_record
         self.written = 0
         self.lost = 0
         self.failed: str | None = None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._builder: ChildBuilder | None = None
+        self._live: LiveSpec | None = None  # what was asked for, wherever it runs
+        self._local: LiveView | None = None  # the live view, when it runs in this process
+        self.hold_logs = False
+        self._held: collections.deque[bytes] = collections.deque()
         if child:
             try:
                 self._builder = ChildBuilder()
             except BuilderGone as exc:
                 log.warning("llmp: building records in-thread: %s", exc)
+            else:
+                self._builder.on_logs = self._child_logs
         self._thread = threading.Thread(target=self._run, name="llmp-writer", daemon=True)
         self._thread.start()
 
@@ -173,21 +166,133 @@ class RecordWriter:
         """Hand over a finished exchange; returns at once."""
         self._queue.put(cap)
 
+    def set_live(self, spec: LiveSpec | None, timeout: float = 30.0) -> None:
+        """Start, replace or stop the live view after the records submitted so far.
+
+        Waits until it is done; raises `LiveError` (an event file cannot be
+        used: the live view is then off, or still the old one).
+        """
+        request = _SetLive(spec)
+        self._queue.put(request)
+        try:
+            request.done.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise LiveError(
+                f"the live view did not start within {timeout:.0f} s (records still being built)"
+            ) from None
+
+    def live_summary(self) -> bytes | None:
+        """The live view's summary JSON; None when it is off.  Blocks: not for the event loop."""
+        local = self._local
+        if local is not None:
+            return local.summary_json()
+        builder = self._builder
+        if builder is None or self._live is None:
+            return None
+        return builder.summary()
+
+    def _child_logs(self, payload: bytes) -> None:
+        if self.hold_logs and len(self._held) < MAX_HELD_LOGS:
+            self._held.append(payload)
+        else:
+            relay(payload)
+
+    def relay_logs(self) -> None:
+        """Log what the child logged (the live view's lines) since the last call.
+
+        With `hold_logs`, the proxy's event loop calls this now and then: a
+        line logged from this thread would make it take the GIL from the
+        event loop once more per record (writing the line to the terminal
+        releases the GIL and takes it back), which costs the proxy far more
+        than logging the same line on the loop (docs/live.md).
+        """
+        while True:
+            try:
+                payload = self._held.popleft()
+            except IndexError:
+                return
+            relay(payload)
+
     def _run(self) -> None:
         while True:
             item = self._queue.get()
             if item is _STOP:
+                self._stop_live()
                 return
+            if isinstance(item, _SetLive):
+                try:
+                    self._set_live(item.spec)
+                except LiveError as exc:
+                    item.done.set_exception(exc)
+                else:
+                    item.done.set_result(None)
+                continue
             self._write(item)
+
+    # -- the live view --------------------------------------------------------
+
+    def _set_live(self, spec: LiveSpec | None) -> None:
+        """Replace the live view; after a `LiveError` none runs (mitmproxy rolls back)."""
+        cfg = spec.cfg if spec is not None else None
+        first_id = spec.first_id if spec is not None else 0
+        self._live = None
+        if self._builder is not None:
+            try:
+                self._builder.live(cfg, self.mode, first_id)
+            except BuilderGone as exc:
+                self._lost_child(exc)
+            else:
+                self._live = spec
+                return
+        old, self._local = self._local, None
+        self._local = replace_view(old, cfg, body=self.mode, first_id=first_id)
+        self._live = spec
+
+    def _stop_child_live(self) -> None:
+        if self._builder is not None:
+            try:
+                self._builder.live(None, self.mode, 0)
+            except BuilderGone as exc:
+                self._lost_child(exc)
+
+    def _stop_live(self) -> None:
+        """At shutdown: the live view's last lines and LLMP_SUMMARY, after the last record."""
+        if self._live is None:
+            return
+        self._live = None
+        if self._local is not None:
+            self._local.close()
+            self._local = None
+        else:
+            self._stop_child_live()
+
+    def _lost_child(self, exc: BuilderGone, next_id: int | None = None) -> None:
+        """The child died: build here from now on, with a new live view from `next_id`."""
+        log.warning("llmp: %s; building records in-thread from now on", exc)
+        self._builder = None
+        spec = self._live
+        if spec is None:
+            return
+        first_id = next_id if next_id is not None else spec.first_id
+        try:
+            self._local = LiveView(spec.cfg, body=self.mode, first_id=first_id)
+            log.warning("llmp: live view restarted in the proxy's process from id %d", first_id)
+        except LiveError as exc2:
+            log.error("llmp: live view stopped: %s", exc2)
+            self._live = None
+
+    # -- records ----------------------------------------------------------------
 
     def _line(self, cap: Capture) -> bytes:
         """The record's line, from the child process when there is one."""
         if self._builder is not None:
             try:
-                return self._builder.build(cap, self.mode)
+                line = self._builder.build(cap, self.mode)
             except BuilderGone as exc:
-                log.warning("llmp: %s; building records in-thread from now on", exc)
-                self._builder = None
+                self._lost_child(exc, next_id=cap.id)
+            else:
+                if line:
+                    return line
         return build_line(cap, self.mode)
 
     def _write(self, cap: Capture) -> None:
@@ -209,21 +314,16 @@ class RecordWriter:
             )
             return
         self.written += 1
-        if self.on_record is not None:
-            try:
-                # The live view reads the record as a reader would: number text
-                # kept where bodies are (R2), the fast parse otherwise.
-                full = self.mode == "full"
-                self.on_record(canonical.loads(line) if full else orjson.loads(line))
-            except Exception:
-                log.exception("llmp: live view failed on record %s", cap.id)
+        if self._local is not None:
+            feed(self._local, line, self.mode)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Write everything submitted so far, then release the file."""
+        """Write everything submitted so far, stop the live view, then release the file."""
         self._queue.put(_STOP)
         self._thread.join(timeout)
         if self._builder is not None and not self._thread.is_alive():
             self._builder.close()
+        self.relay_logs()
         if self._thread.is_alive():
             log.error(
                 "llmp: writer did not finish within %.0f s; some records may be missing", timeout
