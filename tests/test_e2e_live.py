@@ -307,3 +307,38 @@ def test_the_addon_in_process(tmp_path: Path) -> None:
             rec.done()
 
     asyncio.run(check())
+
+
+def test_a_refused_live_change_at_run_time_rolls_back(tmp_path: Path) -> None:
+    """An event file in use: the change is refused, and the old live view runs again."""
+    import asyncio
+
+    from mitmproxy import exceptions
+    from mitmproxy.test import taddons
+
+    from llmp.lockfile import open_locked
+
+    good, held = tmp_path / "good.txt", tmp_path / "held.txt"
+    fd = open_locked(str(held), "test", "")
+
+    async def check() -> None:
+        rec = Recorder()
+        with taddons.context(rec) as tctx:
+            tctx.configure(rec, llmp_file=str(tmp_path / "r.jsonl"), llmp_events=str(good))
+            rec.running()
+            assert rec.writer is not None
+            with pytest.raises(exceptions.OptionsError, match="in use by another recorder"):
+                tctx.configure(rec, llmp_events=str(held))
+            assert tctx.options.llmp_events == str(good)
+            summary = await asyncio.to_thread(rec.writer.live_summary)
+            assert summary is not None and json.loads(summary)["v"] == 1
+            rec.done()
+
+    try:
+        asyncio.run(check())
+    finally:
+        os.close(fd)
+    # The first view closed before the refused one tried, and the restored one closed at the end.
+    tags = [line.split(" ", 1)[0] for line in good.read_text().splitlines()]
+    assert tags == ["LLMP_SUMMARY", "LLMP_SUMMARY"]
+    assert held.read_text() == ""
