@@ -78,7 +78,9 @@ class Params:
     spaced_delay_ms: float = 5.0
     busy_gap_ms: float = 20.0  # between the 300 KB background exchanges
     eos_requests: int = 15  # per path and round
-    live_pairs: int = 5  # live view on/off window pairs per throughput cell
+    live_pairs: int = 5  # live view on/off window pairs per throughput cell, at least...
+    live_pairs_max: int = 12  # ...and at most, until the ratios' standard error is small:
+    live_se: float = 0.015
     eos_events: int = 20
     eos_delay_ms: float = 2.0
     big_body_bytes: int = 300_000
@@ -104,9 +106,10 @@ class Params:
             f"end of stream: {self.big_body_bytes // 1000} KB chat request, "
             f"{self.eos_events + 3} events {self.eos_delay_ms:g} ms apart, "
             f"{self.eos_requests} requests per path and round, the paths taking turns",
-            f"live view cost: {self.live_pairs} pairs of windows per throughput cell, the "
-            "recorder with its live view on, then off (or off, then on: alternating); "
-            "the median of the pairs' ratios",
+            f"live view cost: {self.live_pairs} to {self.live_pairs_max} pairs of windows per "
+            "throughput cell (more while the standard error of the pairs' ratios is above "
+            f"{self.live_se:.1%}), the recorder with its live view on, then off (or off, then "
+            "on: alternating); the median of the pairs' ratios",
         ]
 
 
@@ -118,6 +121,7 @@ QUICK = Params(
     spaced_streams=2,
     eos_requests=12,
     live_pairs=3,
+    live_pairs_max=8,
 )
 
 # ---------------------------------------------------------------- request bodies
@@ -577,6 +581,15 @@ def quantile(values: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (x - lo)
 
 
+def standard_error(values: Sequence[float]) -> float:
+    """Of the mean: the spread of the values over the root of their number."""
+    n = len(values)
+    if n < 2:
+        return float("inf")
+    mean = sum(values) / n
+    return (sum((v - mean) ** 2 for v in values) / (n - 1) / n) ** 0.5
+
+
 def median(values: Sequence[float]) -> float:
     return quantile(values, 0.5)
 
@@ -692,14 +705,17 @@ async def live_pairs(
     for kind, events in (("ev", p.long_events), ("req", p.short_events)):
         for conc in p.concurrency:
             cell = _cell(kind, conc)
-            for i in range(p.live_pairs):
-                order = ["digest", "nolive"] if i % 2 == 0 else ["nolive", "digest"]
+            ratios = res.live_ratio.setdefault(cell, [])
+            while len(ratios) < p.live_pairs_max:
+                order = ["digest", "nolive"] if len(ratios) % 2 == 0 else ["nolive", "digest"]
                 rate: dict[str, float] = {}
                 for name in order:
                     c = await throughput(paths, name, conc, events, p)
                     rate[name] = c.events_s if kind == "ev" else c.requests_s
-                res.live_ratio.setdefault(cell, []).append(rate["digest"] / rate["nolive"])
-            progress(f"live view pairs {cell} done")
+                ratios.append(rate["digest"] / rate["nolive"])
+                if len(ratios) >= p.live_pairs and standard_error(ratios) <= p.live_se:
+                    break
+            progress(f"live view pairs {cell} done ({len(ratios)} pairs)")
 
 
 # ---------------------------------------------------------------------- report
@@ -830,7 +846,7 @@ def report(paths: dict[str, PathInfo], res: Results, p: Params) -> list[str]:
         lines.append("")
         lines.append(
             "Live view: throughput with it on / off, digest, in adjacent windows "
-            f"({p.live_pairs} pairs per cell)"
+            f"({p.live_pairs} to {p.live_pairs_max} pairs per cell)"
         )
         costs: dict[str, float] = {}
         for cell in cells:
@@ -840,7 +856,8 @@ def report(paths: dict[str, PathInfo], res: Results, p: Params) -> list[str]:
             costs[cell] = 1 - median(ratios)
             lines.append(
                 f"  {cell:<7} pairs {' '.join(f'{r:.3f}' for r in ratios)}  "
-                f"median {median(ratios):.3f}  cost {costs[cell]:+.1%}"
+                f"median {median(ratios):.3f}  cost {costs[cell]:+.1%} "
+                f"(standard error {standard_error(ratios):.1%})"
             )
         worst_cell = max(costs, key=lambda c: costs[c])
         worst = costs[worst_cell]
@@ -849,10 +866,10 @@ def report(paths: dict[str, PathInfo], res: Results, p: Params) -> list[str]:
             f"median of pairs): worst cell {worst:.1%} ({worst_cell})  "
             f"{'MET' if worst < 0.05 else 'MISSED'}"
         )
-        if p.live_pairs < 5:
+        if p.live_pairs_max < 12:
             lines.append(
-                "  (a smoke run: with fewer than 5 pairs per cell one disturbed window can "
-                "move this figure by several percent; judge it on a full run)"
+                "  (a smoke run, with fewer pairs and shorter windows: judge the figure on a "
+                "full run)"
             )
     return lines
 
