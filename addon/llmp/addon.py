@@ -180,10 +180,13 @@ class Recorder:
         self._relay_timer = loop.call_later(RELAY_INTERVAL, self._relay)
 
     def _relay(self) -> None:
-        if self.writer is not None:
-            self.writer.relay_logs()
-        if not self._finished:
-            self._relay_timer = asyncio.get_running_loop().call_later(RELAY_INTERVAL, self._relay)
+        try:
+            if self.writer is not None:
+                self.writer.relay_logs()
+        finally:
+            if not self._finished:
+                loop = asyncio.get_running_loop()
+                self._relay_timer = loop.call_later(RELAY_INTERVAL, self._relay)
 
     def done(self) -> None:
         """Shutdown: in-flight exchanges are written as they stand (R13), then the file closes."""

@@ -136,7 +136,12 @@ def relay(payload: bytes) -> None:
     """Log, in this process, the log records the child sent."""
     if not payload:
         return
-    for level, text, is_line in orjson.loads(payload):
+    try:
+        entries = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        log.error("llmp: the record builder sent logs that are not JSON; left out")
+        return
+    for level, text, is_line in entries:
         if log.isEnabledFor(level):
             # Made directly: the caller's frame (findCaller) is not this process's anyway.
             extra = _LIVE_LINE if is_line else None

@@ -170,7 +170,7 @@ class RecordWriter:
         """Start, replace or stop the live view after the records submitted so far.
 
         Waits until it is done; raises `LiveError` (an event file cannot be
-        used: the live view is then off, or still the old one).
+        used), and then no live view runs.
         """
         request = _SetLive(spec)
         self._queue.put(request)
@@ -224,6 +224,9 @@ class RecordWriter:
                     self._set_live(item.spec)
                 except LiveError as exc:
                     item.done.set_exception(exc)
+                except Exception as exc:  # a bug: the records must go on all the same
+                    log.exception("llmp: the live view could not start")
+                    item.done.set_exception(LiveError(f"the live view could not start: {exc}"))
                 else:
                     item.done.set_result(None)
                 continue
