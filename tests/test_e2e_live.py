@@ -342,3 +342,20 @@ def test_a_refused_live_change_at_run_time_rolls_back(tmp_path: Path) -> None:
     tags = [line.split(" ", 1)[0] for line in good.read_text().splitlines()]
     assert tags == ["LLMP_SUMMARY", "LLMP_SUMMARY"]
     assert held.read_text() == ""
+
+
+def test_an_event_file_that_cannot_be_opened_stops_the_start(
+    llama: Upstream, tmp_path: Path
+) -> None:
+    """One line says why; the recording file this start would have made is not left behind."""
+    rec = tmp_path / "rec.jsonl"
+    opts = {"llmp_events": str(tmp_path / "no" / "such" / "dir" / "ev.txt")}
+    proxy = Mitmdump(llama.url, rec, opts, timeout=20)
+    with pytest.raises(MitmdumpError):
+        proxy.start()
+    log = proxy.log_text()
+    proxy.close()
+    lines = [ln for ln in log.splitlines() if "cannot open llmp_events" in ln]
+    assert len(lines) == 1 and "No such file or directory" in lines[0]
+    assert "Traceback" not in log
+    assert not rec.exists()

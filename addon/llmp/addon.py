@@ -124,6 +124,7 @@ class Recorder:
             except llmp_live.LiveError as exc:
                 self._live_key = None
                 if new_writer and not self._running:
+                    self.writer.file.discard()  # a start that failed leaves no empty file
                     self.writer.close()
                     self.writer = None
                 raise exceptions.OptionsError(str(exc)) from None

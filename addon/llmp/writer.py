@@ -51,8 +51,19 @@ class RecordingFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.created = not os.path.lexists(path)
         self.fd = open_locked(path, "recording", "choose another file with llmp_file")
         self._end_with_newline()
+
+    def discard(self) -> None:
+        """Close it; remove it if this recorder created it and wrote nothing (a failed start)."""
+        empty = self.fd >= 0 and os.fstat(self.fd).st_size == 0
+        if self.created and empty:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+        self.close()
 
     def _end_with_newline(self) -> None:
         """Make sure our first line starts on a line of its own.
