@@ -1,7 +1,7 @@
 """Benchmark: what the recorder costs a stream, next to direct and plain mitmdump.
 
     .venv/bin/python bench/recorder.py            # about 6 minutes on 2 cores
-    .venv/bin/python bench/recorder.py --quick    # about 1.5 minutes, a smoke run
+    .venv/bin/python bench/recorder.py --quick    # about 2 minutes, a smoke run
 
 Four paths carry the same traffic from one upstream to one client:
 
@@ -78,7 +78,7 @@ class Params:
     spaced_delay_ms: float = 5.0
     busy_gap_ms: float = 20.0  # between the 300 KB background exchanges
     eos_requests: int = 15  # per path and round
-    live_pairs: int = 5  # live view on/off window pairs per throughput cell, at least...
+    live_pairs: int = 6  # live view on/off window pairs per throughput cell, at least...
     live_pairs_max: int = 12  # ...and at most, until the ratios' standard error is small:
     live_se: float = 0.015
     eos_events: int = 20
@@ -120,7 +120,7 @@ QUICK = Params(
     long_events=300,
     spaced_streams=2,
     eos_requests=12,
-    live_pairs=3,
+    live_pairs=4,
     live_pairs_max=8,
 )
 
@@ -713,7 +713,9 @@ async def live_pairs(
                     c = await throughput(paths, name, conc, events, p)
                     rate[name] = c.events_s if kind == "ev" else c.requests_s
                 ratios.append(rate["digest"] / rate["nolive"])
-                if len(ratios) >= p.live_pairs and standard_error(ratios) <= p.live_se:
+                # Stop on an even count, so that each order (on first, off first) counts alike.
+                enough = len(ratios) >= p.live_pairs and len(ratios) % 2 == 0
+                if enough and standard_error(ratios) <= p.live_se:
                     break
             progress(f"live view pairs {cell} done ({len(ratios)} pairs)")
 
@@ -892,7 +894,7 @@ def check_recordings(paths: dict[str, PathInfo]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a ~1.5 minute smoke run")
+    ap.add_argument("--quick", action="store_true", help="a ~2 minute smoke run")
     ap.add_argument("--rounds", type=int, help="rounds over the paths (default 3, quick 1)")
     ap.add_argument("--window", type=float, help="throughput window in seconds")
     ap.add_argument("--json", type=Path, help="also write the raw figures here")
