@@ -22,6 +22,7 @@ import orjson
 import pytest
 
 import scenarios as sc
+from llmp import canonical
 from llmp.canonical import record_dumps
 from llmp.capture import Capture
 from llmp.live import LINE_ATTR, LiveConfig, LiveError, LiveView
@@ -63,13 +64,15 @@ def live_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if getattr(r, LINE_ATTR, False)]
 
 
-def in_process(path: Path, cfg: LiveConfig) -> tuple[list[str], list[dict[str, Any]]]:
-    """The lines and events of a live view fed the recording here, as the writer would."""
+def in_process(
+    path: Path, cfg: LiveConfig, mode: str = "digest"
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """The lines and events of a live view fed the recording here, as `llmp analyze` reads it."""
     lines: list[str] = []
     cfg = dataclasses.replace(cfg, events="", events_csv="")
-    view = LiveView(cfg, say=lambda level, line: lines.append(line))
+    view = LiveView(cfg, body=mode, say=lambda level, line: lines.append(line))
     for raw in path.read_bytes().splitlines():
-        view.on_record(orjson.loads(raw))
+        view.on_record(canonical.loads(raw) if mode == "full" else orjson.loads(raw))
     view.close()
     return lines, list(view.ring)
 
@@ -83,11 +86,14 @@ def events(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def test_the_child_runs_the_live_view(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("mode", ["digest", "full"])
+def test_the_child_runs_the_live_view(
+    mode: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="llmp")
     rec, ev_file = tmp_path / "rec.jsonl", tmp_path / "events.txt"
     cfg = LiveConfig(warn_tokens=1, events=str(ev_file))
-    writer = RecordWriter(RecordingFile(str(rec)), "digest")
+    writer = RecordWriter(RecordingFile(str(rec)), mode)
     assert writer._builder is not None
     writer.set_live(LiveSpec(cfg, first_id=1))
     # The child holds the event file; this process does not even have it open.
@@ -107,7 +113,8 @@ def test_the_child_runs_the_live_view(tmp_path: Path, caplog: pytest.LogCaptureF
     assert summary["warnings"] >= 1 and summary["lost_tokens"] > 0
     writer.close()
 
-    want_lines, want_events = in_process(rec, cfg)
+    assert summary["body"] == mode
+    want_lines, want_events = in_process(rec, cfg, mode)
     got = live_lines(caplog)
     assert got == want_lines and any("llmp: warning:" in line for line in got)
     assert [r.levelno for r in caplog.records if getattr(r, LINE_ATTR, False)] == [
@@ -212,5 +219,5 @@ def test_in_thread_writer_runs_the_live_view_itself(
     for cap in captures(sc.changed_system()):
         writer.submit(cap)
     writer.close()
-    want_lines, _ = in_process(rec, cfg)
+    want_lines, _ = in_process(rec, cfg, "full")
     assert live_lines(caplog) == want_lines
