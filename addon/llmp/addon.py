@@ -163,9 +163,9 @@ class Recorder:
             )
             if s.live:
                 log.info(
-                    "llmp: live view on: a line per chat request, a warning above %s tokens "
+                    "llmp: live view on: a line per chat request, a warning above %s "
                     "or %s lost; summary at GET %s",
-                    f"{s.live_warn_tokens:,}",
+                    f"{s.live_warn_tokens:,} token{'' if s.live_warn_tokens == 1 else 's'}",
                     f"{s.live_warn_ms:,} ms",
                     llmp_live.SUMMARY_PATH,
                 )
