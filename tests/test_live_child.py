@@ -214,10 +214,19 @@ def test_in_thread_writer_runs_the_live_view_itself(
     caplog.set_level(logging.INFO, logger="llmp")
     rec = tmp_path / "rec.jsonl"
     writer = RecordWriter(RecordingFile(str(rec)), "full", child=False)
+    writer.hold_logs = True  # its lines wait for the event loop, as the child's do
     cfg = LiveConfig(warn_tokens=1)
     writer.set_live(LiveSpec(cfg, first_id=1))
-    for cap in captures(sc.changed_system()):
+    caps = captures(sc.changed_system())
+    for cap in caps:
         writer.submit(cap)
+    for _ in range(500):  # one held line per request, logged by nobody yet
+        if len(writer._held) == len(caps):
+            break
+        time.sleep(0.01)
+    assert len(writer._held) == len(caps) and live_lines(caplog) == []
+    writer.relay_logs()
+    assert len(live_lines(caplog)) == len(caps)
     writer.close()
     want_lines, _ = in_process(rec, cfg, "full")
     assert live_lines(caplog) == want_lines

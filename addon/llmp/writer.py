@@ -19,6 +19,8 @@ import queue
 import threading
 from typing import Any
 
+import orjson
+
 from llmp.builder import BuilderGone, ChildBuilder, build_line, feed, relay, replace_view
 from llmp.capture import Capture
 from llmp.live import LiveConfig, LiveError, LiveView
@@ -202,6 +204,10 @@ class RecordWriter:
             return None
         return builder.summary()
 
+    def _say(self, level: int, line: str) -> None:
+        """A line of the live view when it runs here: held for the loop like the child's."""
+        self._child_logs(orjson.dumps([[level, line, True]]))
+
     def _child_logs(self, payload: bytes) -> None:
         if self.hold_logs and len(self._held) < MAX_HELD_LOGS:
             self._held.append(payload)
@@ -259,7 +265,7 @@ class RecordWriter:
                 self._live = spec
                 return
         old, self._local = self._local, None
-        self._local = replace_view(old, cfg, body=self.mode, first_id=first_id)
+        self._local = replace_view(old, cfg, body=self.mode, first_id=first_id, say=self._say)
         self._live = spec
 
     def _stop_child_live(self) -> None:
@@ -289,7 +295,7 @@ class RecordWriter:
             return
         first_id = next_id if next_id is not None else spec.first_id
         try:
-            self._local = LiveView(spec.cfg, body=self.mode, first_id=first_id)
+            self._local = LiveView(spec.cfg, body=self.mode, first_id=first_id, say=self._say)
             log.warning("llmp: live view restarted in the proxy's process from id %d", first_id)
         except LiveError as exc2:
             log.error("llmp: live view stopped: %s", exc2)
