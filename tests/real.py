@@ -55,6 +55,17 @@ def llama_paths() -> tuple[Path, Path] | str:
     return Path(server), Path(model)
 
 
+def real_server_marks() -> list[pytest.MarkDecorator]:
+    """A module's `pytestmark` for end-to-end tests against the real llama-server:
+    skipped, with the reason, when it is not there."""
+    found = llama_paths()
+    return [
+        pytest.mark.real_server,
+        pytest.mark.e2e,
+        pytest.mark.skipif(isinstance(found, str), reason=str(found)),
+    ]
+
+
 def require_llama() -> tuple[Path, Path]:
     """The server binary and model, or skip the test with the reason."""
     found = llama_paths()

@@ -13,7 +13,6 @@ import csv
 import json
 import os
 import stat
-import subprocess
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from live_checks import analyze, check_event, lost, value
 from llmp import live
 from llmp.addon import Recorder
 from llmp.analysis.render import CAUSE_WORDS, duration
@@ -99,22 +99,6 @@ def _session(client: httpx.Client, llama: Upstream) -> None:
     msgs.append(_chat(client, msgs))  # id 6: turn 5, clean
 
 
-def _analyze(path: Path) -> dict[str, Any]:
-    out = subprocess.run(
-        [str(LLMP), "analyze", "--json", str(path)], capture_output=True, check=True, timeout=60
-    )
-    report: dict[str, Any] = json.loads(out.stdout)
-    return report
-
-
-def _value(mv: dict[str, Any] | None) -> Any:
-    return None if mv is None else mv["value"]
-
-
-def _lost(row: dict[str, Any]) -> int:
-    return sum(row[k]["tokens"] for k in ("lost_client", "lost_external") if row[k])
-
-
 def test_live_view_agrees_with_the_report(llama: Upstream, tmp_path: Path) -> None:
     rec = tmp_path / "rec.jsonl"
     events = tmp_path / "events.txt"
@@ -149,7 +133,7 @@ def test_live_view_agrees_with_the_report(llama: Upstream, tmp_path: Path) -> No
     assert [r["id"] for r in records] == [1, 2, 3, 4, 5, 6]  # the /_llmp/ requests made none
     assert all(r["request"]["path"] == "/v1/chat/completions" for r in records)
 
-    report = _analyze(rec)
+    report = analyze(rec)
     rows = {r["id"]: r for r in report["rows"]}
     assert [rows[i]["kind"] for i in range(1, 7)] == ["turn", "turn", "side_call"] + ["turn"] * 3
     assert rows[4]["cause"] == "side_call" and rows[4]["side_calls_between"] == [3]
@@ -159,8 +143,8 @@ def test_live_view_agrees_with_the_report(llama: Upstream, tmp_path: Path) -> No
     # One line per analysed request, with the report's numbers.
     for row in report["rows"]:
         c = row["counts"]
-        prompt = f"{_value(c['prompt_tokens']):,} prompt tokens"
-        prefill = f"prefill {duration(_value(c['prefill_ms']))}"
+        prompt = f"{value(c['prompt_tokens']):,} prompt tokens"
+        prefill = f"prefill {duration(value(c['prefill_ms']))}"
         if row["kind"] == "turn":
             head = f"{UA} conv {row['conversation']} turn {row['turn']}: "
             expect = f"{head}{prompt}, {row['observed_reuse']:.0%} reused, {prefill}"
@@ -172,11 +156,11 @@ def test_live_view_agrees_with_the_report(llama: Upstream, tmp_path: Path) -> No
     assert len(warnings) == 2, warnings
     evicted, changed = warnings
     assert f"{UA} conv 1 turn 3:" in evicted
-    assert f"lost {_lost(rows[4]):,} tokens" in evicted
+    assert f"lost {lost(rows[4]):,} tokens" in evicted
     words = CAUSE_WORDS[rows[4]["lost_external"]["cause"]]
     assert f"{words}; 1 side-call from {UA} ran in between" in evicted
     assert f"{UA} conv 1 turn 4:" in changed
-    assert f"lost {_lost(rows[5]):,} tokens" in changed
+    assert f"lost {lost(rows[5]):,} tokens" in changed
     assert CAUSE_WORDS["system_changed"] in changed
     assert "live view: 5 turns in 1 conversation, 1 side-call" in log
 
@@ -187,7 +171,7 @@ def test_live_view_agrees_with_the_report(llama: Upstream, tmp_path: Path) -> No
     t = report["time"]
     assert s["v"] == 1 and s["body"] == "digest"
     assert (s["turns"], s["side_calls"], s["conversations"]) == (5, 1, 1)
-    assert s["lost_tokens"] == t["lost_tokens"] and s["prefill_ms"] == _value(t["prefill_ms"])
+    assert s["lost_tokens"] == t["lost_tokens"] and s["prefill_ms"] == value(t["prefill_ms"])
     assert s["warnings"] == 2 and s["reorder"] == {"waiting": 0, "gave_up": 0, "late": 0}
     assert [e["id"] for e in s["recent"]] == [1, 2, 3, 4, 5, 6]
     assert s["clients"][0]["client"] == UA
@@ -202,30 +186,11 @@ def test_live_view_agrees_with_the_report(llama: Upstream, tmp_path: Path) -> No
     turns = [json.loads(ln.split(" ", 1)[1]) for ln in lines[:-1]]
     final = json.loads(lines[-1].split(" ", 1)[1])
     for ev in turns:
-        assert list(ev) == list(TURN_FIELDS) and ev["v"] == 1
-        row = rows[ev["id"]]
-        c = row["counts"]
-        assert (ev["kind"], ev["conversation"], ev["turn"]) == (
-            row["kind"],
-            row["conversation"],
-            row["turn"],
-        )
-        assert ev["cause"] == row["cause"] and ev["client"] == row["client"]
-        assert ev["prompt_tokens"] == _value(c["prompt_tokens"])
-        assert ev["reused_tokens"] == _value(c["reused_tokens"])
-        assert ev["prefill_ms"] == _value(c["prefill_ms"])
-        assert ev["reuse"] == row["observed_reuse"]
-        for part in ("lost_client", "lost_external"):
-            loss = row[part]
-            assert ev[f"{part}_tokens"] == (loss and loss["tokens"])
-            assert ev[f"{part}_cause"] == (loss and loss["cause"])
-            assert ev[f"{part}_ms"] == (loss and _value(loss["ms"]))
-        if row["kind"] == "turn":
-            assert ev["lost_tokens"] == _lost(row)
+        check_event(ev, rows[ev["id"]])
         assert ev["warn"] == (ev["id"] in (4, 5))
     assert final["lost_tokens"] == t["lost_tokens"]
-    assert final["prefill_ms"] == _value(t["prefill_ms"])
-    assert final["lost_ms"] == _value(t["lost_ms"])
+    assert final["prefill_ms"] == value(t["prefill_ms"])
+    assert final["lost_ms"] == value(t["lost_ms"])
     assert {k: (v["tokens"], v["rows"]) for k, v in final["by_cause"].items()} == {
         k: (v["tokens"], v["rows"]) for k, v in t["by_cause"].items()
     }

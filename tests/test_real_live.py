@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,21 +26,15 @@ from typing import Any
 import httpx
 import pytest
 
-from llmp.live import SUMMARY_TAG, TURN_FIELDS, TURN_TAG, csv_cell, request_line
+from live_checks import analyze, check_event, value
+from llmp.live import SUMMARY_TAG, TURN_TAG, csv_cell, request_line
 from mitm import Mitmdump, read_records
-from real import LlamaServer, llama_paths
+from real import LlamaServer, real_server_marks
 
 openai = pytest.importorskip("openai")
 
-_FOUND = llama_paths()
+pytestmark = real_server_marks()
 
-pytestmark = [
-    pytest.mark.real_server,
-    pytest.mark.e2e,
-    pytest.mark.skipif(isinstance(_FOUND, str), reason=str(_FOUND)),
-]
-
-LLMP = Path(sys.executable).parent / "llmp"
 MARK = "MARKER-real-live-4Kd"  # in every message; must appear in no live output
 SYSTEM = f"You are a terse assistant ({MARK}). Answer in one short sentence."
 TITLE = f"Write a five-word title for this conversation ({MARK})."
@@ -68,10 +60,6 @@ def _turn(client: Any, messages: list[dict[str, Any]], **extra: Any) -> str:
         **extra,
     )
     return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-
-
-def _value(mv: dict[str, Any] | None) -> Any:
-    return None if mv is None else mv["value"]
 
 
 def test_live_view_agrees_with_the_report_on_a_real_server(
@@ -103,10 +91,7 @@ def test_live_view_agrees_with_the_report_on_a_real_server(
         log = md.log_text()
 
     assert [r["id"] for r in read_records(rec)] == [1, 2, 3, 4, 5, 6]
-    out = subprocess.run(
-        [str(LLMP), "analyze", "--json", str(rec)], capture_output=True, check=True, timeout=60
-    )
-    report = json.loads(out.stdout)
+    report = analyze(rec)
     rows = {r["id"]: r for r in report["rows"]}
     assert [rows[i]["kind"] for i in range(1, 7)] == ["turn"] * 3 + ["side_call", "turn", "turn"]
     assert rows[5]["lost_external"] is not None and rows[5]["side_calls_between"] == [4]
@@ -116,23 +101,7 @@ def test_live_view_agrees_with_the_report_on_a_real_server(
     assert [ln.split(" ", 1)[0] for ln in lines] == [TURN_TAG] * 6 + [SUMMARY_TAG]
     turns = [json.loads(ln.split(" ", 1)[1]) for ln in lines[:-1]]
     for ev in turns:
-        row = rows[ev["id"]]
-        c = row["counts"]
-        assert list(ev) == list(TURN_FIELDS)
-        assert (ev["kind"], ev["conversation"], ev["turn"], ev["cause"]) == (
-            row["kind"],
-            row["conversation"],
-            row["turn"],
-            row["cause"],
-        )
-        assert ev["prompt_tokens"] == _value(c["prompt_tokens"])
-        assert ev["reused_tokens"] == _value(c["reused_tokens"])
-        assert ev["prefill_ms"] == _value(c["prefill_ms"])
-        assert ev["reuse"] == row["observed_reuse"]
-        for part in ("lost_client", "lost_external"):
-            loss = row[part]
-            assert ev[f"{part}_tokens"] == (loss and loss["tokens"])
-            assert ev[f"{part}_cause"] == (loss and loss["cause"])
+        check_event(ev, rows[ev["id"]])
         # The line in mitmdump's log is this event's line, word for word.
         assert request_line(ev) in log, (request_line(ev), log)
     warned = {ev["id"] for ev in turns if ev["warn"]}
@@ -145,7 +114,7 @@ def test_live_view_agrees_with_the_report_on_a_real_server(
     final = json.loads(lines[-1].split(" ", 1)[1])
     t = report["time"]
     assert final["lost_tokens"] == t["lost_tokens"] and final["lost_tokens"] > 0
-    assert final["prefill_ms"] == _value(t["prefill_ms"])
+    assert final["prefill_ms"] == value(t["prefill_ms"])
     assert summary.status_code == 200
     s = summary.json()
     assert s["records"] == 6 and s["warnings"] == len(warned)

@@ -11,15 +11,10 @@ import openai
 import pytest
 
 from mitm import read_records
-from real import LlamaServer, llama_paths
+from real import LlamaServer, real_server_marks
 from test_proxy import LlmpProxy
 
-_LLAMA = llama_paths()
-pytestmark = [
-    pytest.mark.real_server,
-    pytest.mark.e2e,
-    pytest.mark.skipif(isinstance(_LLAMA, str), reason=str(_LLAMA)),
-]
+pytestmark = real_server_marks()
 
 
 @pytest.fixture(scope="module")

@@ -31,17 +31,11 @@ import pytest
 from llmp import canonical
 from llmp.digest import request_digest, response_digest
 from mitm import Mitmdump, read_records
-from real import LlamaServer, llama_paths
+from real import LlamaServer, real_server_marks
 
 openai = pytest.importorskip("openai")
 
-_FOUND = llama_paths()
-
-pytestmark = [
-    pytest.mark.real_server,
-    pytest.mark.e2e,
-    pytest.mark.skipif(isinstance(_FOUND, str), reason=str(_FOUND)),
-]
+pytestmark = real_server_marks()
 
 CTX = 512
 MAX_TOKENS = 8
