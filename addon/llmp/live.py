@@ -18,7 +18,6 @@ Pure: no mitmproxy import; `llmp.addon` wires it in.
 from __future__ import annotations
 
 import csv
-import fcntl
 import heapq
 import io
 import logging
@@ -39,7 +38,7 @@ from llmp.analysis.loss import STRUCTURAL, UNDETERMINED, Between
 from llmp.analysis.measure import MV, Sum, clean, weakest
 from llmp.analysis.render import CAUSE_WORDS, SHAPE_WORDS, duration, join_names, short_model
 from llmp.analysis.rows import Loss, Row
-from llmp.lockfile import RecordingError, open_locked
+from llmp.lockfile import RecordingError, close_locked, open_locked, write_all
 
 log = logging.getLogger("llmp")
 
@@ -406,10 +405,8 @@ class _LineFile:
     def write(self, data: bytes) -> None:
         if self.fd < 0 or self.failed:
             return
-        view = memoryview(data)
         try:
-            while view:
-                view = view[os.write(self.fd, view) :]
+            write_all(self.fd, data)
         except OSError as exc:
             self.failed = True
             log.error(
@@ -421,11 +418,8 @@ class _LineFile:
 
     def close(self) -> None:
         if self.fd >= 0:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
-            finally:
-                os.close(self.fd)
-                self.fd = -1
+            fd, self.fd = self.fd, -1
+            close_locked(fd)
 
 
 class EventFile(_LineFile):

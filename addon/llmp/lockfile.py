@@ -34,3 +34,18 @@ def open_locked(path: str, what: str, hint: str) -> int:
             raise RecordingError(f"{what} {path!r} is in use by another recorder; {hint}") from None
         raise RecordingError(f"cannot lock {what} {path!r}: {exc.strerror}") from None
     return fd
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte (`os.write` may take only part of a large buffer); OSError as is."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def close_locked(fd: int) -> None:
+    """Release the lock `open_locked` took, then the file."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

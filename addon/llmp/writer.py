@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import fcntl
 import logging
 import os
 import queue
@@ -24,7 +23,7 @@ import orjson
 from llmp.builder import BuilderGone, ChildBuilder, build_line, feed, relay, replace_view
 from llmp.capture import Capture
 from llmp.live import LiveConfig, LiveError, LiveView
-from llmp.lockfile import RecordingError, open_locked
+from llmp.lockfile import RecordingError, close_locked, open_locked, write_all
 
 __all__ = ["LiveSpec", "RecordWriter", "RecordingError", "RecordingFile", "open_locked"]
 
@@ -99,11 +98,8 @@ class RecordingFile:
     def write_line(self, line: bytes) -> None:
         """Append one whole line; on failure, cut the file back so no partial line stays."""
         start = os.fstat(self.fd).st_size
-        view = memoryview(line)
         try:
-            while view:
-                written = os.write(self.fd, view)
-                view = view[written:]
+            write_all(self.fd, line)
         except OSError:
             try:
                 os.ftruncate(self.fd, start)
@@ -114,11 +110,8 @@ class RecordingFile:
     def close(self) -> None:
         """Release the lock and the file."""
         if self.fd >= 0:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
-            finally:
-                os.close(self.fd)
-                self.fd = -1
+            fd, self.fd = self.fd, -1
+            close_locked(fd)
 
 
 _STOP = object()
