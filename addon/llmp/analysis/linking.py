@@ -173,7 +173,8 @@ def may_have_run(rec: dict[str, Any]) -> bool:
     return not (type(status) is int and (400 <= status < 500 or status == 503))
 
 
-def _lcp(a: tuple[str, ...], b: tuple[str, ...]) -> int:
+def lcp(a: tuple[str, ...], b: tuple[str, ...]) -> int:
+    """How many leading items two sequences share."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -236,7 +237,7 @@ def find_link(
         # 2. Longest shared start of the rest.
         best_k = 0
         for c in same_start.values():
-            k = _lcp(rest, c.last.rest)
+            k = lcp(rest, c.last.rest)
             if k > best_k or (
                 k == best_k and best is not None and c.last.row_id > best.last.row_id
             ):

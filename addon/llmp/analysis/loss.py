@@ -22,6 +22,7 @@ from llmp.analysis.linking import (
     RingEntry,
     Session,
     TurnState,
+    lcp,
 )
 from llmp.analysis.measure import ESTIMATE, MV, SERVER, TOKENIZER, clean, weakest
 from llmp.analysis.rows import Loss
@@ -126,7 +127,7 @@ def compare(ex: Exchange, link: Link | None, cfg: Config) -> Structure:
     sys = ex.hashes[:nsys]
     sys_eq = sys == last.sys
     tools_eq = ex.tools.hash == last.tools_hash
-    ps = nsys if sys_eq else _lcp(sys, last.sys)
+    ps = nsys if sys_eq else lcp(sys, last.sys)
     prefix = system[0] if sys_eq else ex.range_tokens(0, ps)[0]
     if sys_eq and tools_eq:
         prefix += tools[0]
@@ -205,14 +206,6 @@ def _walk_lost(
     st.lost = int(lost)
     st.lost_start = first if first is not None else pos
     st.lost_source = ESTIMATE if estimated or ex.tokmap is None else TOKENIZER
-
-
-def _lcp(a: tuple[str, ...], b: tuple[str, ...]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _carries_summary(ex: Exchange, index: int, conv: Conversation, cfg: Config) -> bool:
