@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 try:
-    import llmp.addon
+    import llmp.recorder.addon
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import llmp.addon
+    import llmp.recorder.addon
 
-addons = [llmp.addon.Recorder()]
+addons = [llmp.recorder.addon.Recorder()]

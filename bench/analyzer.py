@@ -17,10 +17,10 @@ What it does (issue 3, "Benchmark"; the reading is in ``docs/performance.md``):
    of hundred messages; system prompts change now and then; the response
    digests carry llama-server's ``usage`` and ``timings`` from the simulated
    cache. Message, tool and response digests come from the recorder's own
-   functions (``llmp.digest``), the request digest is assembled from them in
+   functions (``llmp.apis.digest``), the request digest is assembled from them in
    ``request_digest``'s key order (checked against ``request_digest`` on a
-   sample), records are laid out as ``llmp.record.build_record`` lays them
-   out and written with ``llmp.canonical.record_dumps`` (orjson) when each
+   sample), records are laid out as ``llmp.recorder.record.build_record`` lays them
+   out and written with ``llmp.format.canonical.record_dumps`` (orjson) when each
    exchange *ends*, so ids are slightly out of order as in a real recording.
 2. Cuts prefixes of it (by default 1/4, 1/2 and 3/4) at line boundaries.
 3. For each size, in alternating order and ``--repeat`` times, runs in a
@@ -52,9 +52,9 @@ from typing import Any
 
 import orjson
 
-from llmp.canonical import hash_value, record_dumps
-from llmp.chat import OPENAI_CHAT
-from llmp.digest import message_digest, request_digest, response_digest, tool_digest
+from llmp.apis.chat import OPENAI_CHAT
+from llmp.apis.digest import message_digest, request_digest, response_digest, tool_digest
+from llmp.format.canonical import hash_value, record_dumps
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent

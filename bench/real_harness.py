@@ -27,7 +27,7 @@ What it does, all on 127.0.0.1, stopping by itself:
    summarises the restored chat with its weak model before two more turns.
 5. The recording is enriched with the server's own token counts
    (``llmp analyze --tokenize`` when the CLI has it, else
-   ``llmp.tokenize.enrich_file``), then ``llmp analyze --json`` runs.
+   ``llmp.format.token_counts.enrich_file``), then ``llmp analyze --json`` runs.
 6. **Checks.** An oracle independent of the analyzer renders every recorded
    request with the server's own chat template (``/apply-template``) and
    tokenizer (``/tokenize``): the prefix a turn could have reused is the
@@ -66,10 +66,10 @@ from typing import Any, TextIO
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
-sys.path.insert(0, str(REPO_DIR / "tests"))  # tests/real.py and tests/mitm.py
+sys.path.insert(0, str(REPO_DIR))  # tests.support: the mitmdump harness
 
-from mitm import Mitmdump, read_records  # noqa: E402
-from real import LlamaServer, llama_paths  # noqa: E402
+from tests.support.mitm import Mitmdump, read_records  # noqa: E402
+from tests.support.real import LlamaServer, llama_paths  # noqa: E402
 
 AIDER_VERSION = "0.86.2"
 AIDER_ENV = "LLMP_AIDER"
@@ -866,7 +866,7 @@ def enrich_and_analyze(recording: Path, server_url: str) -> tuple[dict[str, Any]
     if cli_has_tokenize():
         out = _llmp("analyze", rec, "--tokenize", server_url, "--json", "--no-progress")
     else:  # until the CLI has --tokenize: the same code, called directly
-        from llmp.tokenize import enrich_file
+        from llmp.format.token_counts import enrich_file
 
         enrich_file(recording, server_url, progress=False)
         out = _llmp("analyze", rec, "--json", "--no-progress")

@@ -56,11 +56,10 @@ from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
-sys.path.insert(0, str(REPO_DIR / "tests"))  # the mitmdump harness, tests/mitm.py
+sys.path.insert(0, str(REPO_DIR))  # tests.support: the mitmdump harness
 
 from sse_client import Connection, Counters, build_request  # noqa: E402
-
-from mitm import Mitmdump  # noqa: E402
+from tests.support.mitm import Mitmdump  # noqa: E402
 
 # ----------------------------------------------------------------- parameters
 

@@ -14,8 +14,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Record local LLM agent traffic and explain where the prefill time went.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    from llmp import demo, proxy
     from llmp.analysis import command as analyze_command
+    from llmp.demo import command as demo
+    from llmp.recorder import proxy
 
     demo.register(sub)
     proxy.register(sub)

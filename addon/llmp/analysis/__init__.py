@@ -13,7 +13,7 @@ from typing import IO, Any
 
 from llmp.analysis.config import Config
 from llmp.analysis.engine import Engine
-from llmp.reader import ReadStats, read_all
+from llmp.analysis.reader import ReadStats, read_all
 
 __all__ = ["Analysis", "Config", "Engine", "analyze"]
 

@@ -4,7 +4,7 @@ The command line of the analyzer.  In order, it:
 
 1. checks every option (a bad one exits 2 before anything is read or written);
 2. with `--tokenize URL`, enriches each recording in place with the server's
-   token counts (`llmp.tokenize.enrich_file`), one summary line each on stderr;
+   token counts (`llmp.format.token_counts.enrich_file`), one summary line each on stderr;
 3. analyses, and prints the readable report or, with `--json`, the report v1;
 4. with `--html FILE`, writes the page as well;
 5. with `--fail-on`, exits 1 when a listed finding is present (docs/ci-gate.md).
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _tokenize(paths: list[str], url: str, progress: bool | None) -> int:
     """Enrich each distinct file in place; 0, or 2 after the first failure."""
-    from llmp.tokenize import TokenizeError, enrich_file
+    from llmp.format.token_counts import TokenizeError, enrich_file
 
     seen: set[str] = set()
     for path in paths:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llmp.analysis.measure import ESTIMATE, MV, PROXY, SERVER, weakest
-from llmp.chat import OLLAMA_CHAT
+from llmp.apis.chat import OLLAMA_CHAT
+from llmp.format.measure import ESTIMATE, MV, PROXY, SERVER, weakest
 
 FIELDS = (
     "prompt_tokens",

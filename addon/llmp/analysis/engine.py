@@ -19,10 +19,10 @@ from llmp.analysis.exchange import Exchange, Skip, Tools, prepare
 from llmp.analysis.findings import Findings
 from llmp.analysis.linking import HEAD, Conversation, RingEntry, Session, TurnState, find_link
 from llmp.analysis.loss import Between, Structure, between, compare, loss_measured, losses
-from llmp.analysis.measure import SERVER, weakest
+from llmp.analysis.reader import ReadStats
 from llmp.analysis.report import Spill, Totals, build_header, spilled_rows, write_report
 from llmp.analysis.rows import Row
-from llmp.reader import ReadStats
+from llmp.format.measure import SERVER, weakest
 
 RowHook = Callable[[Row, Between | None], None]
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from llmp.analysis.measure import ESTIMATE, MV, TOKENIZER, estimate
 from llmp.analysis.overflow import Refusal, ollama_num_ctx, refusal_of
-from llmp.chat import OTHER, chat_api, strip_query
-from llmp.digest import request_digest, response_digest
+from llmp.apis.chat import OTHER, chat_api, strip_query
+from llmp.apis.digest import request_digest, response_digest
+from llmp.format.measure import ESTIMATE, MV, TOKENIZER, estimate
 
 _HASH = operator.itemgetter("hash")
 SYSTEM_ROLES = frozenset(("system", "developer"))

@@ -20,8 +20,8 @@ from llmp.analysis.loss import (
     SERVER_KINDS,
     Between,
 )
-from llmp.analysis.measure import ESTIMATE, MV, Sum, as_json
 from llmp.analysis.overflow import CONTEXT_OVERFLOW, Overflow, Refusal
+from llmp.format.measure import ESTIMATE, MV, Sum, as_json
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config

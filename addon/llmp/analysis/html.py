@@ -21,10 +21,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from llmp.analysis.reader import read_all
 from llmp.analysis.render import CAUSE_WORDS, duration, sentence, short_model
-from llmp.chat import OTHER, chat_api
-from llmp.digest import request_digest
-from llmp.reader import read_all
+from llmp.apis.chat import OTHER, chat_api
+from llmp.apis.digest import request_digest
 
 __all__ = [
     "CAUSES",

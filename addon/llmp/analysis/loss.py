@@ -24,8 +24,8 @@ from llmp.analysis.linking import (
     TurnState,
     lcp,
 )
-from llmp.analysis.measure import ESTIMATE, MV, SERVER, TOKENIZER, clean, weakest
 from llmp.analysis.rows import Loss
+from llmp.format.measure import ESTIMATE, MV, SERVER, TOKENIZER, clean, weakest
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from math import inf
 from typing import TYPE_CHECKING, Any
 
-from llmp.analysis.measure import ESTIMATE, MV, RANK, SERVER, TOKENIZER, estimate, weakest
-from llmp.digest import request_digest
+from llmp.apis.digest import request_digest
+from llmp.format.measure import ESTIMATE, MV, RANK, SERVER, TOKENIZER, estimate, weakest
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config

@@ -19,12 +19,12 @@ from llmp.analysis.classify import TURN
 from llmp.analysis.counters import FIELDS
 from llmp.analysis.exchange import SKIP_REASONS, Exchange, Tools
 from llmp.analysis.findings import ToolStats
-from llmp.analysis.measure import MV, SERVER, Sum, as_json
 from llmp.analysis.overflow import CONTEXT_OVERFLOW
 from llmp.analysis.rows import Row, join_spilled
+from llmp.format.measure import MV, SERVER, Sum, as_json
 
 if TYPE_CHECKING:
-    from llmp.reader import ReadStats
+    from llmp.analysis.reader import ReadStats
 
 REPORT_VERSION = 1
 

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from llmp.analysis.counters import Counts
-from llmp.analysis.measure import MV, as_json
+from llmp.format.measure import MV, as_json
 
 COMPOSITION = ("system", "tools", "history", "new_content")
 

@@ -1,0 +1,384 @@
+"""Read recordings: bad lines, sessions (R16), several files as one (R17).
+
+The reader yields ``(session, record)`` in the order R16 defines without
+holding the file: lines wait in a bounded window keyed by
+``(t_start_ms, id)`` and leave it as soon as no later line can sort before
+them.  If a line ever proves the window too small, the caller restarts in
+exact mode, which sorts a small index of the whole input (see
+``docs/analysis.md``, "Ordering without holding the file").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import orjson
+
+from llmp.format import canonical
+
+__all__ = [
+    "NeedsExactOrder",
+    "ReadStats",
+    "Recording",
+    "parse_line",
+    "read_all",
+]
+
+WINDOW_LINES = 20_000
+WINDOW_BYTES = 64 << 20
+_PROGRESS_STEP = 1 << 20
+
+# How the recorder starts every line; anything else takes the slow path.
+_KEY_RE = re.compile(rb'\{"v":(\d+),"id":(\d+),"conn":-?\d+,"t_start_ms":(-?\d+)[,}]')
+
+
+class NeedsExactOrder(Exception):
+    """A line sorts before one already released: restart in exact mode."""
+
+
+@dataclass(slots=True)
+class ReadStats:
+    """What the reader saw, for `coverage.records` and `coverage.bad_lines`."""
+
+    records: int = 0
+    bad_lines: int = 0
+    sessions: int = 0
+    exact: bool = False
+    bytes_total: int = 0
+
+
+def _key(line: bytes) -> tuple[int, int] | None:
+    """The sort key `(t_start_ms, id)` of a line, or None for a bad line."""
+    return _key_and_record(line)[0]
+
+
+def _key_and_record(line: bytes) -> tuple[tuple[int, int] | None, dict[str, Any] | None]:
+    """The sort key, and the parsed record when finding the key needed a parse.
+
+    Lines written the recorder's way give their key to a regex; any other
+    producer's lines are parsed once here, and the record is kept so that a
+    line released at once is not parsed twice.
+    """
+    m = _KEY_RE.match(line)
+    if m is not None:
+        if m.group(1) != b"1":
+            return None, None
+        return (int(m.group(3)), int(m.group(2))), None
+    try:
+        rec = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None, None
+    key = _valid_key(rec)
+    return key, rec if key is not None else None
+
+
+def _valid_key(rec: Any) -> tuple[int, int] | None:
+    if not isinstance(rec, dict):
+        return None
+    v, rid, t = rec.get("v"), rec.get("id"), rec.get("t_start_ms")
+    if type(v) is int and v == 1 and type(rid) is int and type(t) is int:
+        return t, rid
+    return None
+
+
+def parse_line(line: bytes) -> dict[str, Any] | None:
+    """Parse one recording line; None when it is a bad line.
+
+    Lines with a full request body are parsed a second time keeping number
+    text (R2), so that digests computed from them hash like the recorder's.
+    """
+    try:
+        rec: dict[str, Any] = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if _valid_key(rec) is None:
+        return None
+    return _exact_numbers(rec, line)
+
+
+def _exact_numbers(rec: dict[str, Any], line: bytes) -> dict[str, Any]:
+    """The record again with number text kept, when it carries a full body."""
+    req = rec.get("request")
+    if isinstance(req, dict) and req.get("body") is not None:
+        try:
+            exact = canonical.loads(line)
+        except (ValueError, TypeError, RecursionError):  # NotJSON is a ValueError
+            exact = None  # orjson accepted it; keep that rather than drop it
+        if isinstance(exact, dict):
+            rec = exact
+    return rec
+
+
+def _blank(line: bytes) -> bool:
+    return not line.strip()
+
+
+@dataclass(slots=True)
+class _Input:
+    path: str
+    size: int
+    first_key: tuple[int, int] | None = None
+
+
+class _Progress:
+    """Bytes read, on stderr with rich; a no-op when not wanted."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self._bar: Any = None
+        self._task: Any = None
+        self._done = 0
+        self._shown = 0
+        if enabled:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+
+            self._bar = Progress(
+                TextColumn("[progress.description]{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task("reading", total=total)
+
+    def restart(self, description: str, total: int) -> None:
+        if self._bar is not None:
+            self._bar.reset(self._task, total=total, description=description)
+        self._done = self._shown = 0
+
+    def advance(self, n: int) -> None:
+        self._done += n
+        if self._bar is not None and self._done - self._shown >= _PROGRESS_STEP:
+            self._bar.update(self._task, completed=self._done)
+            self._shown = self._done
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+@dataclass
+class Recording:
+    """One or more recording files (or `-`), read as one recording (R17).
+
+    Use as a context manager: standard input is copied to a temporary file so
+    that exact mode can read it again.
+    """
+
+    paths: Sequence[str]
+    progress: bool | None = None
+    window_lines: int = WINDOW_LINES
+    window_bytes: int = WINDOW_BYTES
+    stdin: IO[bytes] | None = None
+    stats: ReadStats = field(default_factory=ReadStats)
+    _inputs: list[_Input] = field(default_factory=list)
+    _spool: str | None = None
+    _bar: _Progress | None = None
+
+    def __enter__(self) -> Recording:
+        for path in self.paths:
+            if path == "-":
+                path = self._spool_stdin()
+            self._inputs.append(_Input(path, os.path.getsize(path)))
+        self.stats.bytes_total = sum(i.size for i in self._inputs)
+        show = self.progress if self.progress is not None else sys.stderr.isatty()
+        self._bar = _Progress(bool(show), self.stats.bytes_total)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._spool is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._spool)
+            self._spool = None
+
+    def _spool_stdin(self) -> str:
+        if self._spool is not None:
+            return self._spool  # `-` given twice reads the same input
+        src = self.stdin if self.stdin is not None else sys.stdin.buffer
+        fd, name = tempfile.mkstemp(prefix="llmp-stdin-", suffix=".jsonl")
+        with os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+        self._spool = name
+        return name
+
+    # -- ordering -------------------------------------------------------
+
+    def _ordered_inputs(self) -> list[tuple[int, _Input]]:
+        """Inputs by the key of their first good line, so that files given
+        out of date order do not force exact mode."""
+        for inp in self._inputs:
+            with open(inp.path, "rb") as f:
+                for line in f:
+                    if _blank(line):
+                        continue
+                    inp.first_key = _key(line)
+                    if inp.first_key is not None:
+                        break
+        far = (1 << 63, 1 << 63)
+        return sorted(enumerate(self._inputs), key=lambda p: (p[1].first_key or far, p[0]))
+
+    def stream(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Records in R16 order through a bounded window.
+
+        Raises NeedsExactOrder when a line sorts before one already yielded;
+        the caller discards its work and calls `exact()`.
+        """
+        self.stats = ReadStats(bytes_total=self.stats.bytes_total)
+        bar = self._bar or _Progress(False, 0)
+        bar.restart("reading", self.stats.bytes_total)
+        heap: list[tuple[int, int, int, bytes]] = []
+        held = 0
+        seq = 0
+        last_key: tuple[int, int] | None = None
+        last_id: int | None = None
+        session = 0
+        for _, inp in self._ordered_inputs():
+            with open(inp.path, "rb") as f:
+                for line in f:
+                    bar.advance(len(line))
+                    if line[:1] != b"{" and _blank(line):
+                        continue
+                    key, parsed = _key_and_record(line)
+                    if key is None:
+                        self.stats.bad_lines += 1
+                        continue
+                    if last_key is not None and key < last_key:
+                        raise NeedsExactOrder
+                    rid = key[1]
+                    if not heap and (rid == 1 or (last_id is not None and rid == last_id + 1)):
+                        # The usual case: the next record, in order; no need to wait.
+                        if parsed is not None:
+                            self.stats.records += 1
+                            rec: dict[str, Any] | None = _exact_numbers(parsed, line)
+                        else:
+                            rec = self._release(line)
+                        if rec is not None:
+                            if last_id is None or rid <= last_id:
+                                session += 1
+                            last_key, last_id = key, rid
+                            yield session, rec
+                        continue
+                    seq += 1
+                    heapq.heappush(heap, (key[0], rid, seq, line))
+                    held += len(line)
+                    while heap:
+                        rid = heap[0][1]
+                        if not (
+                            rid == 1
+                            or (last_id is not None and rid == last_id + 1)
+                            or len(heap) > self.window_lines
+                            or held > self.window_bytes
+                        ):
+                            break
+                        t, rid, _, raw = heapq.heappop(heap)
+                        held -= len(raw)
+                        rec = self._release(raw)
+                        if rec is None:
+                            continue
+                        if last_id is None or rid <= last_id:
+                            session += 1
+                        last_key, last_id = (t, rid), rid
+                        yield session, rec
+        while heap:
+            t, rid, _, raw = heapq.heappop(heap)
+            rec = self._release(raw)
+            if rec is None:
+                continue
+            if last_id is None or rid <= last_id:
+                session += 1
+            last_id = rid
+            yield session, rec
+        self.stats.sessions = session
+
+    def _release(self, raw: bytes) -> dict[str, Any] | None:
+        rec = parse_line(raw)
+        if rec is None:
+            self.stats.bad_lines += 1
+        else:
+            self.stats.records += 1
+        return rec
+
+    def exact(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Records in R16 order by sorting an index of every line."""
+        self.stats = ReadStats(bytes_total=self.stats.bytes_total, exact=True)
+        bar = self._bar or _Progress(False, 0)
+        bar.restart("indexing", self.stats.bytes_total)
+        index: list[tuple[int, int, int, int, int]] = []
+        for fi, inp in enumerate(self._inputs):
+            with open(inp.path, "rb") as f:
+                off = 0
+                for line in f:
+                    n = len(line)
+                    bar.advance(n)
+                    if not _blank(line):
+                        key = _key(line)
+                        if key is None:
+                            self.stats.bad_lines += 1
+                        else:
+                            index.append((key[0], key[1], fi, off, n))
+                    off += n
+        index.sort()
+        bar.restart("analysing", self.stats.bytes_total)
+        files = [open(inp.path, "rb") for inp in self._inputs]
+        try:
+            last_id: int | None = None
+            session = 0
+            for _, rid, fi, off, n in index:
+                f = files[fi]
+                f.seek(off)
+                raw = f.read(n)
+                bar.advance(n)
+                rec = self._release(raw)
+                if rec is None:
+                    continue
+                if last_id is None or rid <= last_id:
+                    session += 1
+                last_id = rid
+                yield session, rec
+            self.stats.sessions = session
+        finally:
+            for f in files:
+                f.close()
+
+
+def read_all(
+    paths: Sequence[str],
+    consume: Callable[[Iterator[tuple[int, dict[str, Any]]]], Any],
+    *,
+    progress: bool | None = None,
+    stdin: IO[bytes] | None = None,
+    window_lines: int = WINDOW_LINES,
+    window_bytes: int = WINDOW_BYTES,
+) -> tuple[Any, ReadStats]:
+    """Run `consume` over the records, restarting it in exact mode if needed.
+
+    `consume` must start from scratch each time it is called.
+    """
+    with Recording(
+        paths, progress=progress, stdin=stdin, window_lines=window_lines, window_bytes=window_bytes
+    ) as rec:
+        try:
+            result = consume(rec.stream())
+        except NeedsExactOrder:
+            result = consume(rec.exact())
+        return result, rec.stats

@@ -1,0 +1,1 @@
+"""llmp.live.view."""

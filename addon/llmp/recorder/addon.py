@@ -1,0 +1,380 @@
+"""The mitmproxy addon: a thin shell of hooks around the pure recorder.
+
+Every hook does O(1) work on the proxy's event loop: it notes times, keeps
+references to bytes, and hands finished exchanges to the writer thread.
+Nothing here may delay, change or drop a byte of the client's traffic (R7).
+
+The live view (`llmp.live.view`) runs next to the record building, in the builder
+child (`llmp.recorder.builder`); the addon only says which live view the options ask
+for, and answers the reserved `/_llmp/` paths itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any
+
+import orjson
+from mitmproxy import connection, ctx, exceptions, http
+from mitmproxy.proxy import server_hooks
+
+from llmp.live import view as llmp_live
+from llmp.recorder import options as llmp_options
+from llmp.recorder.capture import Capture, keep_headers, now_ms
+from llmp.recorder.errors import classify_error
+from llmp.recorder.writer import LiveSpec, RecordingError, RecordingFile, RecordWriter
+
+log = logging.getLogger("llmp")
+
+READY = "llmp: recording to"
+RELAY_INTERVAL = 0.05
+"""Seconds between two turns of logging the live view's lines on the event loop."""
+_STATE = "llmp"  # key in flow.metadata
+_RESERVED = "llmp_reserved"  # flow.metadata key of a request for a /_llmp/ path
+_JSON = {"content-type": "application/json", "cache-control": "no-store"}
+
+
+class StreamTap:
+    """The per-flow stream callable: notes each piece and returns it unchanged."""
+
+    __slots__ = ("cap", "limit")
+
+    def __init__(self, cap: Capture, limit: int) -> None:
+        self.cap = cap
+        self.limit = limit
+
+    def __call__(self, data: bytes) -> bytes:
+        try:
+            self.cap.add_piece(data, self.limit)
+        except Exception:  # the client gets every byte, whatever happens here
+            pass
+        return data
+
+
+class Recorder:
+    """Records every HTTP exchange as one llmp v1 record."""
+
+    def __init__(self, *, raise_on_startup_error: bool = False) -> None:
+        # Under mitmdump a bad option is logged as one line at error level, which
+        # makes mitmdump exit 1 without a traceback; `llmp proxy` wants the
+        # OptionsError itself. After startup, mitmproxy needs the OptionsError
+        # to roll the change back.
+        self.raise_on_startup_error = raise_on_startup_error
+        self._running = False
+        self.settings: llmp_options.Settings | None = None
+        self.writer: RecordWriter | None = None
+        self._live_key: tuple[object, ...] | None = None  # the live view's settings, or None
+        self._last_id = 0
+        self._conn_ids = itertools.count(1)
+        self._conns: dict[str, int] = {}
+        self._inflight: dict[int, Capture] = {}
+        self._finished = False
+        # Connect-timeout timers, and the client connections whose connect they gave up on.
+        self._connect_timers: dict[str, asyncio.TimerHandle] = {}
+        self._relay_timer: asyncio.TimerHandle | None = None
+        self._timed_out: set[str] = set()
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def load(self, loader: Any) -> None:
+        for spec in llmp_options.OPTIONS:
+            loader.add_option(spec.name, spec.type, spec.default, spec.help)
+
+    def configure(self, updated: set[str]) -> None:
+        if self.settings is None or any(name.startswith("llmp_") for name in updated):
+            try:
+                self._apply_settings()
+            except exceptions.OptionsError as exc:
+                if self._running or self.raise_on_startup_error:
+                    raise
+                log.error("llmp: %s", exc)
+                return
+        if ctx.options.connection_strategy != "lazy":
+            # R13: in eager reverse mode a refused upstream makes no HTTP flow at
+            # all; lazy connects per request, so every failure has a flow.
+            ctx.options.update(connection_strategy="lazy")
+
+    def _apply_settings(self) -> None:
+        try:
+            settings = llmp_options.validate(
+                {spec.name: getattr(ctx.options, spec.name) for spec in llmp_options.OPTIONS}
+            )
+        except llmp_options.OptionError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
+        new_writer = self.settings is None or settings.file != self.settings.file
+        if new_writer:
+            try:
+                file = RecordingFile(settings.file)
+            except RecordingError as exc:
+                raise exceptions.OptionsError(str(exc)) from None
+            if self.writer is not None:
+                self.writer.close()  # with its live view: its LLMP_SUMMARY ends its part
+            self.writer = RecordWriter(file, settings.body)
+            self.writer.hold_logs = self._relay_timer is not None
+            self._live_key = None
+        elif self.writer is not None:
+            self.writer.mode = settings.body
+        assert self.writer is not None
+        key = _live_key(settings)
+        if key != self._live_key:
+            try:
+                self.writer.set_live(self._live_spec(settings))
+            except llmp_live.LiveError as exc:
+                self._live_key = None
+                if new_writer and not self._running:
+                    self.writer.file.discard()  # a start that failed leaves no empty file
+                    self.writer.close()
+                    self.writer = None
+                raise exceptions.OptionsError(str(exc)) from None
+            self._live_key = key
+        self.settings = settings
+
+    def _live_spec(self, s: llmp_options.Settings) -> LiveSpec | None:
+        """The live view these settings ask for, from the next id on.
+
+        Turned on while running: exchanges already in flight end after it
+        started, and are left out (`reorder.late`).
+        """
+        if not s.live:
+            return None
+        cfg = llmp_live.LiveConfig(
+            warn_ms=s.live_warn_ms,
+            warn_tokens=s.live_warn_tokens,
+            events=s.events,
+            events_csv=s.events_csv,
+        )
+        return LiveSpec(cfg, first_id=self._last_id + 1)
+
+    def running(self) -> None:
+        self._running = True
+        _quiet_legacy_log_events()
+        self._start_relay()
+        s = self.settings
+        if s is not None:
+            log.info(
+                "%s %s (%s mode, limit %d bytes, connect timeout %g s)",
+                READY,
+                s.file,
+                s.body,
+                s.limit,
+                s.connect_timeout,
+            )
+            if s.live:
+                log.info(
+                    "llmp: live view on: a line per chat request, a warning above %s "
+                    "or %s lost; summary at GET %s",
+                    f"{s.live_warn_tokens:,} token{'' if s.live_warn_tokens == 1 else 's'}",
+                    f"{s.live_warn_ms:,} ms",
+                    llmp_live.SUMMARY_PATH,
+                )
+
+    def _start_relay(self) -> None:
+        """Log the live view's lines on the event loop, every `RELAY_INTERVAL` seconds."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a test calling hooks by hand): the writer logs them itself
+        if self.writer is not None:
+            self.writer.hold_logs = True
+        self._relay_timer = loop.call_later(RELAY_INTERVAL, self._relay)
+
+    def _relay(self) -> None:
+        try:
+            if self.writer is not None:
+                self.writer.relay_logs()
+        finally:
+            if not self._finished:
+                loop = asyncio.get_running_loop()
+                self._relay_timer = loop.call_later(RELAY_INTERVAL, self._relay)
+
+    def done(self) -> None:
+        """Shutdown: in-flight exchanges are written as they stand (R13), then the file closes."""
+        self._finished = True
+        if self._relay_timer is not None:
+            self._relay_timer.cancel()
+        for timer in self._connect_timers.values():
+            timer.cancel()
+        if self.writer is None:
+            return
+        for cap in sorted(self._inflight.values(), key=lambda c: c.id):
+            cap.set_error("upstream_reset")
+            self._finish(cap)
+        self._inflight.clear()
+        self.writer.close()  # the live view's last lines come after the last record
+        log.info("llmp: wrote %d records to %s", self.writer.written, self.writer.file.path)
+
+    # -- connections -------------------------------------------------------
+
+    def client_connected(self, client: connection.Client) -> None:
+        self._conns[client.id] = next(self._conn_ids)
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        self._conns.pop(client.id, None)
+
+    async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        """Start the connect timer: mitmproxy has none of its own (R13)."""
+        if self.settings is None or data.server.error:
+            return
+        task = asyncio.current_task()
+        if task is None:
+            return
+        loop = asyncio.get_running_loop()
+        self._connect_timers[data.server.id] = loop.call_later(
+            self.settings.connect_timeout, self._connect_timed_out, data, task
+        )
+
+    def _connect_timed_out(
+        self, data: server_hooks.ServerConnectionHookData, task: asyncio.Task[Any]
+    ) -> None:
+        # The flow holds its own copy of the server connection, so the give-up
+        # is remembered per client connection: HTTP/1 has one connect at a time.
+        self._connect_timers.pop(data.server.id, None)
+        self._timed_out.add(data.client.id)
+        task.cancel()
+
+    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        timer = self._connect_timers.pop(data.server.id, None)
+        if timer is not None:
+            timer.cancel()
+
+    def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
+        self.server_connected(data)
+
+    # -- flows -------------------------------------------------------------
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        req = flow.request
+        if req.path.startswith(llmp_live.RESERVED_PREFIX):
+            # Ours: answered in `request`, so it takes no id and makes no record.
+            flow.metadata[_RESERVED] = True
+            return
+        if self.writer is None or self._finished:
+            return
+        self._last_id += 1
+        cap = Capture(
+            id=self._last_id,
+            conn=self._conns.get(flow.client_conn.id, 0),
+            t_start_ms=int(req.timestamp_start * 1000),
+            method=req.method,
+            path=req.path,
+            request_headers=keep_headers(list(req.headers.items(multi=True))),
+            request_encoding=req.headers.get("content-encoding"),
+        )
+        flow.metadata[_STATE] = cap
+        self._inflight[cap.id] = cap
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.metadata.get(_RESERVED):
+            flow.response = await self._reserved(flow.request.method, flow.request.path)
+            return
+        cap = flow.metadata.get(_STATE)
+        if cap is None or self.settings is None:
+            return
+        body = flow.request.raw_content or b""
+        cap.request_complete = True
+        cap.request_body_bytes = len(body)
+        if len(body) > self.settings.limit:
+            cap.set_error("body_too_large")  # forwarded unchanged, stored as nothing (R12)
+            cap.request_body = None
+        else:
+            cap.request_body = body
+
+    async def _reserved(self, method: str, path: str) -> http.Response:
+        """The answer to a request for a /_llmp/ path; never forwarded upstream."""
+        if path.split("?", 1)[0] != llmp_live.SUMMARY_PATH:
+            return _json_response(
+                404, {"v": 1, "error": f"no such llmp path; try GET {llmp_live.SUMMARY_PATH}"}
+            )
+        if method != "GET":
+            resp = _json_response(405, {"v": 1, "error": "use GET"})
+            resp.headers["allow"] = "GET"
+            return resp
+        writer = self.writer
+        if writer is None or self._live_key is None:
+            return _json_response(404, {"v": 1, "error": "the live view is off (llmp_live)"})
+        # The summary comes from the builder child (or the writer's thread): asked off the loop.
+        summary = await asyncio.to_thread(writer.live_summary)
+        if summary is None:
+            return _json_response(503, {"v": 1, "error": "the live view did not answer"})
+        return http.Response.make(200, summary, _JSON)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        cap = flow.metadata.get(_STATE)
+        resp = flow.response
+        if cap is None or resp is None or self.settings is None:
+            return
+        cap.status = resp.status_code
+        cap.response_headers = keep_headers(list(resp.headers.items(multi=True)))
+        cap.response_encoding = resp.headers.get("content-encoding")
+        # Stream every body through: never buffered, never held back (R7).
+        resp.stream = StreamTap(cap, self.settings.limit)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        cap = flow.metadata.get(_STATE)
+        if cap is None:
+            return
+        resp = flow.response
+        if resp is not None and resp.stream is False and resp.raw_content:
+            # A body mitmproxy buffered anyway (another addon turned streaming off).
+            cap.add_piece(resp.raw_content, self.settings.limit if self.settings else 1 << 25)
+        self._end(cap)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        cap = flow.metadata.get(_STATE)
+        if cap is None:
+            return
+        msg = flow.error.msg if flow.error else ""
+        if not cap.request_complete:
+            # mitmproxy words a client that hangs up mid-body exactly like a
+            # server that dies mid-body; only the client was sending then.
+            cap.set_error("client_disconnected")
+        timed_out = flow.client_conn.id in self._timed_out and cap.status is None
+        self._timed_out.discard(flow.client_conn.id)
+        cap.set_error(
+            classify_error(msg, response_started=cap.status is not None, timed_out=timed_out)
+        )
+        self._end(cap)
+
+    def _end(self, cap: Capture) -> None:
+        if self._inflight.pop(cap.id, None) is None:
+            return  # already written (at shutdown)
+        if self._finished:
+            return
+        self._finish(cap)
+
+    def _finish(self, cap: Capture) -> None:
+        if cap.t_end_ms is None:
+            cap.t_end_ms = now_ms()
+        if self.writer is not None:
+            self.writer.submit(cap)
+
+
+def _live_key(s: llmp_options.Settings) -> tuple[object, ...] | None:
+    """What a change of which restarts the live view."""
+    if not s.live:
+        return None
+    return (s.live_warn_ms, s.live_warn_tokens, s.events, s.events_csv)
+
+
+def _json_response(status: int, obj: dict[str, Any]) -> http.Response:
+    return http.Response.make(status, orjson.dumps(obj), _JSON)
+
+
+def _not_a_live_line(record: logging.LogRecord) -> bool:
+    return not getattr(record, llmp_live.LINE_ATTR, False)
+
+
+def _quiet_legacy_log_events() -> None:
+    """Keep the live view's per-request lines off mitmproxy's deprecated `add_log` hook.
+
+    mitmproxy hands every log record to the event loop once more, to call the
+    `add_log` hook of every addon (deprecated since mitmproxy 9; no built-in
+    addon uses it). For a line per request that is a cost on the client's
+    path, for nothing: the terminal and standard logging handlers still get
+    the line.
+    """
+    handler = getattr(ctx.master, "_legacy_log_events", None)
+    if isinstance(handler, logging.Handler) and _not_a_live_line not in handler.filters:
+        handler.addFilter(_not_a_live_line)

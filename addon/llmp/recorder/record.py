@@ -1,0 +1,213 @@
+"""Turn a `Capture` into a recording v1 record (a plain dict).
+
+This is the expensive part of recording (decompressing, parsing, merging,
+hashing), so it runs on the writer's thread, never on the client's path.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from llmp.apis.chat import OTHER, chat_api
+from llmp.apis.digest import request_digest, response_digest
+from llmp.format import canonical
+from llmp.recorder.capture import Capture
+from llmp.recorder.errors import CLIENT_DISCONNECTED
+from llmp.recorder.stream import StreamCapture, sniff_stream
+
+RECORD_VERSION = 1
+FULL = "full"
+DIGEST = "digest"
+_GENERIC_TYPES = ("", "application/octet-stream", "text/plain", "binary/octet-stream")
+
+
+def _decoder(encoding: str | None) -> Any:
+    """An incremental decompressor for a content-encoding, or None for identity."""
+    enc = (encoding or "").strip().lower()
+    if enc in ("", "identity"):
+        return None
+    if enc in ("gzip", "x-gzip"):
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if enc == "deflate":
+        return zlib.decompressobj()
+    if enc == "br":
+        import brotli  # mitmproxy depends on it
+
+        return brotli.Decompressor()
+    if enc == "zstd":
+        import zstandard  # mitmproxy depends on it
+
+        return zstandard.ZstdDecompressor().decompressobj()
+    raise ValueError(f"unsupported content-encoding {encoding!r}")
+
+
+def decoded_pieces(pieces: Iterable[bytes], encoding: str | None) -> Iterator[bytes]:
+    """The pieces with their content-encoding removed; stops quietly at corrupt data."""
+    dec = _decoder(encoding)
+    if dec is None:
+        yield from pieces
+        return
+    try:
+        for piece in pieces:
+            out = dec.process(piece) if hasattr(dec, "process") else dec.decompress(piece)
+            if out:
+                yield out
+        flush = getattr(dec, "flush", None)
+        if flush is not None:
+            tail = flush()
+            if tail:
+                yield tail
+    except Exception:
+        return
+
+
+def _media_type(headers: dict[str, str]) -> str:
+    return headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+def _store_body(data: bytes, mode: str, api: str, digest_fn: Any) -> dict[str, Any]:
+    """The body / body_text / digest triple for a complete, non-streamed body."""
+    out: dict[str, Any] = {"body": None, "body_text": None, "digest": None}
+    if not data:
+        return out
+    if mode == FULL:
+        try:
+            out["body"] = canonical.loads(data)
+        except canonical.NotJSON:
+            out["body_text"] = data.decode("utf-8", "replace")
+        return out
+    if api == OTHER or digest_fn is None:
+        return out
+    try:
+        parsed = canonical.loads(data)
+    except canonical.NotJSON:
+        return out
+    out["digest"] = digest_fn(parsed)
+    return out
+
+
+def _request_part(cap: Capture, mode: str, api: str) -> dict[str, Any]:
+    part: dict[str, Any] = {
+        "method": cap.method,
+        "path": cap.path,
+        "headers": cap.request_headers,
+        "body_bytes": cap.request_body_bytes,
+        "body": None,
+        "body_text": None,
+        "digest": None,
+    }
+    if cap.request_body is None:  # too large: forwarded, not stored (R12)
+        return part
+    try:
+        data = b"".join(decoded_pieces([cap.request_body], cap.request_encoding))
+    except ValueError:
+        data = cap.request_body
+    part.update(_store_body(data, mode, api, lambda body: request_digest(body, api)))
+    return part
+
+
+def _response_part(cap: Capture, mode: str, api: str) -> dict[str, Any] | None:
+    if cap.status is None:
+        return None
+    part: dict[str, Any] = {
+        "status": cap.status,
+        "headers": cap.response_headers,
+        "stream": None,
+        "chunks": None,
+        "bad_chunks": None,
+        "body_bytes": cap.response_body_bytes,
+        "truncated": cap.truncated,
+        "body": None,
+        "body_text": None,
+        "digest": None,
+    }
+    try:
+        data_pieces = list(decoded_pieces(cap.pieces, cap.response_encoding))
+    except ValueError:  # unknown encoding: keep what we can say, no body
+        return part
+    media = _media_type(cap.response_headers)
+    if media in _GENERIC_TYPES:  # missing or generic: sniff, but only chat responses (R8)
+        kind = sniff_stream(None, _head(data_pieces)) if api != OTHER else None
+    else:
+        kind = sniff_stream(media, b"")
+    digest_ok = api != OTHER and 200 <= cap.status < 300
+    if kind is None:
+        data = b"".join(data_pieces)
+        if cap.error == CLIENT_DISCONNECTED and _plain_complete(cap):
+            cap.error = None
+        if cap.truncated:
+            if mode == FULL and data:
+                part["body_text"] = data.decode("utf-8", "replace")
+            return part
+        part.update(_store_body(data, mode, api if digest_ok else OTHER, response_digest))
+        return part
+    # The capture already applied the limit to what it kept; parse all of it.
+    stream = StreamCapture(kind, sum(map(len, data_pieces)) + 1)
+    for piece in data_pieces:
+        stream.feed(piece)
+    if cap.truncated:
+        stream.truncated = True
+    stream.close()
+    merged = stream.merged()
+    if cap.error == CLIENT_DISCONNECTED and _stream_complete(cap, kind, stream.done_seen):
+        cap.error = None  # the client hung up after the end: it had everything
+    part["stream"] = kind
+    part["chunks"] = stream.chunks
+    part["bad_chunks"] = stream.bad_chunks
+    if mode == FULL:
+        if merged is not None:
+            part["body"] = merged
+        elif data_pieces:
+            part["body_text"] = b"".join(data_pieces).decode("utf-8", "replace")
+    elif digest_ok and merged is not None:
+        part["digest"] = response_digest(merged)
+    return part
+
+
+def _stream_complete(cap: Capture, kind: str, done_seen: bool) -> bool:
+    """Did the client get the stream's own end marker before it hung up?
+
+    Clients such as openai-python close the connection as soon as they read
+    `data: [DONE]`, sometimes before the chunked terminator arrives; they had
+    the whole response, so that is no `client_disconnected`.
+    """
+    if done_seen and not cap.truncated:
+        return True
+    if kind == "sse" and not cap.response_encoding:
+        return cap.tail.rstrip(b"\r\n").endswith(b"data: [DONE]")
+    return False
+
+
+def _plain_complete(cap: Capture) -> bool:
+    length = cap.response_headers.get("content-length", "")
+    return length.isdigit() and int(length) == cap.response_body_bytes > 0
+
+
+def _head(pieces: list[bytes], size: int = 65536) -> bytes:
+    head = b""
+    for piece in pieces:
+        head += piece[: size - len(head)]
+        if len(head) >= size:
+            break
+    return head
+
+
+def build_record(cap: Capture, mode: str) -> dict[str, Any]:
+    """The recording v1 record for one finished exchange."""
+    api = chat_api(cap.method, cap.path)
+    request = _request_part(cap, mode, api)
+    response = _response_part(cap, mode, api)  # may clear a client_disconnected
+    return {
+        "v": RECORD_VERSION,
+        "id": cap.id,
+        "conn": cap.conn,
+        "t_start_ms": cap.t_start_ms,
+        "t_first_byte_ms": cap.t_first_byte_ms,
+        "t_end_ms": cap.t_end_ms if cap.t_end_ms is not None else cap.t_start_ms,
+        "request": request,
+        "response": response,
+        "error": cap.error,
+        "tokens": None,
+    }

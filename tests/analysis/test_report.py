@@ -1,0 +1,349 @@
+"""The report v1: every field, nulls, skips, clients, tools, findings, equivalence."""
+
+from __future__ import annotations
+
+import io
+import random
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from llmp.analysis import Config, analyze
+from llmp.analysis.findings import sort_key
+from llmp.apis.digest import request_digest
+from tests.support import scenarios as sc
+from tests.support.scenarios import analyse, rows_by_id
+
+TOP = [
+    "v",
+    "window",
+    "coverage",
+    "servers",
+    "time",
+    "composition",
+    "clients",
+    "tools",
+    "findings",
+    "rows",
+]
+ROW = [
+    "id", "api", "model", "client", "t_start_ms", "kind", "side_call_shape", "session",
+    "conversation", "turn", "counts", "composition", "linked_to", "new_conversation",
+    "prefix_tokens", "break_cause", "compaction", "predicted_reuse", "observed_reuse", "cause",
+    "lost_client", "lost_external", "side_calls_between", "other_conversations_between",
+    "other_domains_between", "loss_measured",
+]  # fmt: skip
+COUNTS = [
+    "prompt_tokens",
+    "completion_tokens",
+    "reused_tokens",
+    "evaluated_tokens",
+    "prefill_ms",
+    "decode_ms",
+    "load_ms",
+]
+FINDING = [
+    "kind",
+    "model",
+    "client",
+    "rows",
+    "lost_tokens",
+    "lost_ms",
+    "context_tokens",
+    "confidence",
+    "evidence",
+]
+SOURCES = {"server", "tokenizer", "proxy", "estimate"}
+
+
+def is_mv(x: Any) -> bool:
+    return isinstance(x, dict) and set(x) == {"value", "source"} and x["source"] in SOURCES
+
+
+def check_shape(rep: dict[str, Any]) -> None:
+    assert list(rep) == TOP
+    assert rep["v"] == 1
+    assert set(rep["window"]) == {"start_ms", "end_ms", "days"}
+    cov = rep["coverage"]
+    # The spec's fields in its order, then the additive ones (docs/analysis.md).
+    assert list(cov) == [
+        "records", "analysed", "skipped", "paths", "bad_lines",
+        "turns", "conversations", "turns_with_reuse", "turns_with_timing",
+        "context_exceeded",
+    ]  # fmt: skip
+    assert list(cov["skipped"]) == ["not_chat", "error", "non_2xx", "unparsed"]
+    for s in rep["servers"]:
+        assert set(s) == {"api", "fields"} and s["api"] in ("openai_chat", "ollama_chat", "other")
+        assert all(f in COUNTS for f in s["fields"])
+    t = rep["time"]
+    assert list(t) == ["prefill_ms", "lost_ms", "lost_tokens", "by_cause"]
+    for key in ("prefill_ms", "lost_ms"):
+        assert t[key] is None or is_mv(t[key])
+    for cause, c in t["by_cause"].items():
+        assert cause in (
+            "tools_changed", "system_changed", "history_rewritten", "side_call",
+            "other_conversation", "other_model", "server_empty", "server_head_only", "server_rollback",
+        )  # fmt: skip
+        assert set(c) == {"tokens", "ms", "rows"} and (c["ms"] is None or is_mv(c["ms"]))
+    assert list(rep["composition"]) == ["system", "tools", "history", "new_content"]
+    for c in rep["clients"]:
+        assert list(c) == ["client", "user_agent", "requests", "conversations", "tools"]
+    for tl in rep["tools"]:
+        assert list(tl) == ["client", "name", "schema_tokens", "offered", "called"]
+    for f in rep["findings"]:
+        assert list(f)[: len(FINDING)] == FINDING
+        assert f["confidence"] in ("high", "medium", "low")
+        assert f["lost_ms"] is None or is_mv(f["lost_ms"])
+    assert rep["findings"] == sorted(rep["findings"], key=sort_key)
+    for r in rep["rows"]:
+        assert list(r) == ROW
+        assert r["kind"] in ("turn", "side_call", "stateless")
+        assert list(r["counts"]) == COUNTS
+        assert all(v is None or is_mv(v) for v in r["counts"].values())
+        assert list(r["composition"]) == ["system", "tools", "history", "new_content"]
+        assert all(is_mv(v) for v in r["composition"].values())
+        for key in ("lost_client", "lost_external"):
+            assert r[key] is None or (set(r[key]) == {"cause", "tokens", "ms"})
+        assert (r["side_call_shape"] is None) == (r["kind"] != "side_call")
+        assert (r["conversation"] is None) == (r["kind"] != "turn")
+
+
+@pytest.mark.parametrize("name", sorted(sc.SCENARIOS))
+def test_every_field_is_present(tmp_path: Path, name: str) -> None:
+    check_shape(analyse(sc.SCENARIOS[name](), tmp_path))
+
+
+@pytest.mark.parametrize("name", sorted(sc.SCENARIOS))
+def test_full_digest_and_mixed_recordings_give_the_same_report(tmp_path: Path, name: str) -> None:
+    tr = sc.SCENARIOS[name]()
+    outs = []
+    for mode in ("digest", "full", "mixed"):
+        path = tr.write(tmp_path / f"{mode}.jsonl", mode)
+        result = analyze([str(path)])
+        buf = io.BytesIO()
+        result.write_json(buf)
+        result.close()
+        outs.append(buf.getvalue())
+    assert outs[0] == outs[1] == outs[2]
+    assert orjson.loads(outs[0])["coverage"]["analysed"] == len(tr.records)
+
+
+def test_skipped_records_by_reason(tmp_path: Path) -> None:
+    tr = sc.Traffic()
+    a = sc.Agent(tr, sc.LlamaServer())
+    sc.work(a, 2)
+    tr.other("GET", "/v1/models")
+    tr.other("GET", "/health?full=1")
+    tr.other("GET", "/v1/models")
+    tr.failed(a.ua, a.body(), error="client_disconnected", status=200)
+    tr.failed(a.ua, a.body(), error="upstream_unreachable", status=0)
+    tr.failed(a.ua, a.body(), error=None, status=400)
+    sc.work(a, 1, seed="u")
+    full = tr.full()
+    broken = dict(full[0])
+    broken["request"] = dict(broken["request"], body=None, body_text="not json {")
+    tr.records.append({**broken, "id": tr.next_id, "t_start_ms": tr.t, "t_end_ms": tr.t + 1})
+    rep = analyse(tr, tmp_path, "full")
+    cov = rep["coverage"]
+    assert cov["records"] == 10
+    assert cov["analysed"] == 3
+    assert cov["skipped"] == {"not_chat": 3, "error": 2, "non_2xx": 1, "unparsed": 1}
+    assert cov["paths"] == {"/health": 1, "/v1/models": 2}
+    # The errored chat requests ran between turns 2 and 9: nothing named, but
+    # no server reset is claimed either.
+    r = rows_by_id(rep)
+    assert r[9]["linked_to"] == 2
+    assert r[9]["cause"] in (None, "undetermined")
+
+
+def test_undetermined_when_only_a_skipped_request_ran_in_between(tmp_path: Path) -> None:
+    tr = sc.Traffic()
+    srv = sc.LlamaServer()
+    a = sc.Agent(tr, srv)
+    sc.work(a, 2)
+    tr.failed(a.ua, a.body(), error="client_disconnected", status=200)
+    srv.reset()  # what the failed request did to the slot, unseen
+    sc.work(a, 1, seed="u")
+    rep = analyse(tr, tmp_path)
+    row = rows_by_id(rep)[4]
+    assert row["cause"] == "undetermined"
+    assert row["lost_external"]["cause"] == "server_empty"
+    assert "server_cache_loss" not in [f["kind"] for f in rep["findings"]]
+
+
+def test_empty_recording(tmp_path: Path) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_bytes(b"\n{bad\n")
+    result = analyze([str(path)])
+    rep = result.report()
+    result.close()
+    assert rep["window"] is None
+    assert rep["coverage"]["records"] == 0 and rep["coverage"]["bad_lines"] == 1
+    assert rep["time"] == {"prefill_ms": None, "lost_ms": None, "lost_tokens": 0, "by_cause": {}}
+    assert rep["rows"] == [] and rep["findings"] == [] and rep["clients"] == []
+
+
+def test_untimed_server_gives_nulls_not_zeros(tmp_path: Path) -> None:
+    tr = sc.Traffic()
+    a = sc.Agent(tr, sc.LlamaServer())
+    a.stream = False
+    sc.work(a, 3)
+    for rec in tr.records:
+        body = rec["response"]["body"]
+        del body["timings"]
+        del body["usage"]["prompt_tokens_details"]
+        rec["response"]["stream"] = None
+    rep = analyse(tr, tmp_path)
+    assert rep["time"]["prefill_ms"] is None
+    assert rep["time"]["lost_ms"] is None
+    for row in rep["rows"]:
+        assert row["counts"]["prefill_ms"] is None and row["counts"]["reused_tokens"] is None
+        assert row["observed_reuse"] is None and row["loss_measured"] is False
+    assert rep["coverage"]["turns_with_timing"] == 0 and rep["coverage"]["turns_with_reuse"] == 0
+    assert rep["servers"] == [
+        {"api": "openai_chat", "fields": ["prompt_tokens", "completion_tokens"]}
+    ]
+
+
+def test_side_calls_without_cache_counters_are_a_low_confidence_risk(tmp_path: Path) -> None:
+    tr = sc.title_side_call()
+    for rec in tr.records:
+        body = rec["response"]["body"]
+        del body["timings"]
+        del body["usage"]["prompt_tokens_details"]
+    rep = analyse(tr, tmp_path)
+    f = next(f for f in rep["findings"] if f["kind"] == "side_call_on_conversation_model")
+    assert f["confidence"] == "low"
+    assert f["rows"] == [5] and f["lost_tokens"] is None and f["lost_ms"] is None
+    assert f["untimed_rows"] == [5]
+    assert rows_by_id(rep)[5]["cause"] is None
+
+
+def test_unknown_user_agent_and_stateless_probe(tmp_path: Path) -> None:
+    tr = sc.Traffic()
+    srv = sc.LlamaServer()
+    probe = sc.Agent(tr, srv, ua=None, tools=None, system="")
+    probe.turn("ping", "pong", max_tokens=1)
+    a = sc.Agent(tr, srv, ua=None)
+    sc.work(a, 2)
+    rep = analyse(tr, tmp_path)
+    r = rows_by_id(rep)
+    assert (
+        r[1]["kind"] == "stateless"
+        and r[1]["conversation"] is None
+        and r[1]["side_call_shape"] is None
+    )
+    assert r[2]["kind"] == "turn" and r[2]["conversation"] == 1
+    assert rep["clients"][0]["client"] == "unknown" and rep["clients"][0]["user_agent"] is None
+    assert rep["coverage"]["turns"] == 2
+
+
+def test_a_new_conversation_sharing_the_system_prompt(tmp_path: Path) -> None:
+    tr = sc.Traffic()
+    srv = sc.LlamaServer()
+    a = sc.Agent(tr, srv)
+    sc.work(a, 2)
+    b = sc.Agent(tr, srv)  # the same harness, a new session: same system and tools
+    sc.work(b, 2, seed="new")
+    rep = analyse(tr, tmp_path)
+    r = rows_by_id(rep)
+    assert r[3]["new_conversation"] is True and r[3]["linked_to"] == 2
+    assert r[3]["conversation"] == 2 and r[3]["turn"] == 1
+    assert r[3]["break_cause"] is None and r[3]["lost_client"] is None
+    assert (
+        r[3]["prefix_tokens"]
+        == r[3]["composition"]["system"]["value"] + r[3]["composition"]["tools"]["value"]
+    )
+    assert r[3]["lost_external"] is None  # the server did reuse the system prompt
+    assert r[4]["linked_to"] == 3 and r[4]["new_conversation"] is False
+    assert rep["coverage"]["conversations"] == 2
+
+
+def test_tool_table_and_tool_findings(tmp_path: Path) -> None:
+    tr = sc.Traffic()
+    big = sc.tool("browser", "Drive a web browser. " * 300, url="string")
+    a = sc.Agent(tr, sc.LlamaServer(), tools=[*sc.CODING_TOOLS, big])
+    sc.work(a, 6)
+    cfg = Config(unused_tool_min_offered=5, large_tool_tokens=1000, large_system_tokens=300)
+    rep = analyse(tr, tmp_path, cfg=cfg)
+    tools = {t["name"]: t for t in rep["tools"]}
+    assert [t["name"] for t in rep["tools"]] == [
+        "read_file",
+        "write_file",
+        "run",
+        "search",
+        "browser",
+    ]
+    assert tools["read_file"]["offered"] == 6 and tools["read_file"]["called"] == 3
+    assert tools["browser"]["schema_tokens"] > 1000 and tools["browser"]["called"] == 0
+    kinds = {(f["kind"], f["evidence"].get("tool")) for f in rep["findings"]}
+    assert ("unused_tool", "browser") in kinds and ("unused_tool", "search") in kinds
+    assert ("unused_tool", "read_file") not in kinds
+    assert ("large_tool_schema", "browser") in kinds
+    big_f = next(f for f in rep["findings"] if f["kind"] == "large_tool_schema")
+    assert big_f["model"] is None and big_f["rows"] == [] and big_f["client"] == "opencode/1.0.0"
+    assert big_f["context_tokens"] == tools["browser"]["schema_tokens"]
+    assert big_f["confidence"] == "medium"  # estimated, not tokenized
+    unused = next(
+        f
+        for f in rep["findings"]
+        if f["kind"] == "unused_tool" and f["evidence"]["tool"] == "browser"
+    )
+    assert unused["evidence"]["offered"] == 6 and unused["evidence"]["sessions"] == 1
+    sysf = next(f for f in rep["findings"] if f["kind"] == "large_system_prompt")
+    assert sysf["rows"] == [1] and sysf["evidence"]["threshold"] == 300
+    assert sysf["context_tokens"] == sysf["evidence"]["system_tokens"]
+    # Context findings have no loss; they sort after nothing else here.
+    assert all(f["lost_tokens"] is None for f in rep["findings"])
+
+
+def test_tokenizer_counts_are_used_for_composition(tmp_path: Path) -> None:
+    tr = sc.clean_chat()
+    for rec in tr.records:
+        d = request_digest(rec["request"]["body"], "openai_chat")
+        assert d is not None
+        rec["tokens"] = {
+            "messages": {m["hash"]: max(1, m["chars"] // 3) for m in d["messages"]},
+            "tools": {t["hash"]: t["chars"] // 3 for t in d["tools"]},
+        }
+    rep = analyse(tr, tmp_path, "full")
+    for row in rep["rows"]:
+        assert {v["source"] for v in row["composition"].values()} == {"tokenizer"}
+    est = analyse(sc.clean_chat(), tmp_path, "full")
+    assert rep["composition"]["system"] > est["composition"]["system"]
+
+
+def test_rows_are_written_in_order_and_conversations_are_bounded(tmp_path: Path) -> None:
+    tr = sc.Traffic()
+    srv = sc.LlamaServer(np=4)
+    agents = [sc.Agent(tr, srv, system=f"Agent {i}. " * 50) for i in range(6)]
+    for step in range(3):
+        for i, ag in enumerate(agents):
+            sc.work(ag, 1, seed=f"{i}-{step}")
+    rep = analyse(tr, tmp_path, cfg=Config(max_conversations=2))
+    assert [r["id"] for r in rep["rows"]] == list(range(1, 19))
+    # With only two conversations kept, the third agent's next turn finds nothing.
+    assert rep["coverage"]["conversations"] > 6
+    full = analyse(tr, tmp_path)
+    assert full["coverage"]["conversations"] == 6
+
+
+def test_exact_mode_gives_the_same_report(tmp_path: Path) -> None:
+    tr = sc.two_harnesses()
+    lines = tr.lines("digest", "id")
+    random.Random(7).shuffle(lines)
+    path = tmp_path / "shuffled.jsonl"
+    path.write_bytes(b"".join(lines))
+    outs = []
+    for window in (None, 2):
+        result = analyze([str(path)], window_lines=window)
+        assert result.stats.exact == (window == 2)
+        buf = io.BytesIO()
+        result.write_json(buf)
+        result.close()
+        outs.append(buf.getvalue())
+    assert outs[0] == outs[1]
+    ref = analyse(tr, tmp_path)
+    assert orjson.loads(outs[0])["rows"] == ref["rows"]

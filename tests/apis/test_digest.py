@@ -1,0 +1,144 @@
+"""Request, message, tool and response digests (R4, R5, the digest-mode tables)."""
+
+from __future__ import annotations
+
+from llmp.apis.chat import chat_api
+from llmp.apis.digest import message_digest, message_text, request_digest, response_digest
+from llmp.format import canonical
+from llmp.format.canonical import EMPTY_HASH, hash_bytes, hash_text
+
+
+def test_chat_api_paths() -> None:
+    assert chat_api("POST", "/v1/chat/completions") == "openai_chat"
+    assert chat_api("POST", "/chat/completions?x=1") == "openai_chat"
+    assert chat_api("POST", "/proxy/openai/v1/chat/completions") == "openai_chat"
+    assert chat_api("POST", "/api/chat") == "ollama_chat"
+    assert chat_api("GET", "/v1/chat/completions") == "other"
+    assert chat_api("POST", "/v1/completions") == "other"
+    assert chat_api("POST", "/api/chat/x") == "other"
+
+
+def test_message_hash_covers_exactly_the_five_fields() -> None:
+    msg = {"role": "user", "content": "hi", "extra": 1}
+    d = message_digest(msg)
+    assert d["hash"] == hash_bytes(b'["user","hi",null,null,null]')
+    # an empty tool_calls array counts as missing
+    assert message_digest({"role": "user", "content": "hi", "tool_calls": []})["hash"] == d["hash"]
+    # Ollama's tool_name is the name
+    tool = message_digest({"role": "tool", "content": "42", "tool_name": "calc"})
+    assert tool["name"] == "calc"
+    assert tool["hash"] == hash_bytes(b'["tool","42",null,"calc",null]')
+
+
+def test_message_text_parts_and_tool_calls() -> None:
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    msg = {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "ab"},
+            {"type": "image_url", "image_url": {}},
+            {"type": "text", "text": "c"},
+        ],
+        "tool_calls": calls,
+    }
+    text = message_text(msg)
+    assert text == "abc" + canonical.dumps(calls).decode()
+    d = message_digest(msg)
+    assert d["chars"] == len(text)
+    assert d["tool_calls"] == [{"id": "c1", "name": "f"}]
+
+
+def test_head_tail_and_empty() -> None:
+    long = "é" * 300 + "x" * 10
+    d = message_digest({"role": "user", "content": long})
+    assert d["chars"] == 310
+    assert d["head"] == hash_text(long[:256])
+    assert d["tail"] == hash_text(long[-256:])
+    e = message_digest({"role": "assistant", "content": None})
+    assert e["chars"] == 0 and e["head"] == EMPTY_HASH == e["tail"]
+
+
+def test_request_params() -> None:
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": -1,
+        "max_completion_tokens": 8,
+        "response_format": {"type": "text"},
+        "grammar": "",
+        "json_schema": {"type": "object"},
+    }
+    d = request_digest(body, "openai_chat")
+    assert d is not None
+    assert d["params"] == {
+        "max_tokens": 8,
+        "response_format": False,
+        "grammar": True,
+        "stream": False,
+    }
+    assert d["tools"] == [] and d["tools_hash"] is None
+    o = request_digest(
+        {"model": "m", "messages": [], "format": "json", "options": {"num_predict": 5}},
+        "ollama_chat",
+    )
+    assert o is not None
+    assert o["params"] == {
+        "max_tokens": 5,
+        "response_format": True,
+        "grammar": False,
+        "stream": True,
+    }
+    assert request_digest([1], "openai_chat") is None
+
+
+def test_tools_digest() -> None:
+    tools = [
+        {"type": "function", "function": {"name": "read_file", "parameters": {"b": 1.50, "a": 1}}}
+    ]
+    parsed = canonical.loads(canonical.record_dumps(tools))
+    d = request_digest({"messages": [], "tools": parsed}, "openai_chat")
+    assert d is not None
+    canon = canonical.dumps(parsed[0])
+    assert d["tools"] == [
+        {"name": "read_file", "hash": hash_bytes(canon), "chars": len(canon.decode())}
+    ]
+    assert d["tools_hash"] == hash_bytes(b"[" + canon + b"]")
+
+
+def test_response_digest() -> None:
+    body = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": "héllo",
+                    "reasoning_content": "abc",
+                    "tool_calls": [{"id": None, "function": {"name": "g"}}],
+                },
+            }
+        ],
+        "usage": {"prompt_tokens": 10},
+        "timings": {"cache_n": 9},
+        "model": "x.gguf",
+    }
+    d = response_digest(body)
+    assert d == {
+        "usage": {"usage": {"prompt_tokens": 10}, "timings": {"cache_n": 9}, "model": "x.gguf"},
+        "output": {
+            "content_chars": 5,
+            "reasoning_chars": 3,
+            "tool_calls": [{"id": None, "name": "g"}],
+        },
+    }
+    ollama = response_digest(
+        {
+            "model": "q",
+            "message": {"role": "assistant", "content": "", "thinking": "hm"},
+            "done": True,
+            "prompt_eval_count": 5,
+        }
+    )
+    assert ollama is not None
+    assert ollama["output"]["reasoning_chars"] == 2
+    assert ollama["usage"] == {"model": "q", "done": True, "prompt_eval_count": 5}

@@ -1,0 +1,244 @@
+"""build_record: a Capture becomes a recording v1 record (pure; no proxy)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+from llmp.apis.digest import request_digest, response_digest
+from llmp.format import canonical
+from llmp.recorder.capture import Capture, keep_headers
+from llmp.recorder.record import build_record
+
+CHAT_BODY = (
+    b'{"model":"smol","stream":true,"temperature":0.70,"top_p":1E0,'
+    b'"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"hi"}],'
+    b'"tools":[{"type":"function","function":{"name":"read_file","parameters":{"type":"object"}}}]}'
+)
+
+SSE = (
+    b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":null}}],"model":"m.gguf"}\n\n'
+    b":\n\n"
+    b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"think"}}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{"content":"lo"}}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    b'data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2},'
+    b'"timings":{"cache_n":7,"prompt_n":2,"prompt_ms":12.50}}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+def _cap(**kw: object) -> Capture:
+    base: dict[str, object] = dict(
+        id=3,
+        conn=1,
+        t_start_ms=1000,
+        method="POST",
+        path="/v1/chat/completions",
+        request_headers={"content-type": "application/json"},
+        request_body=CHAT_BODY,
+        request_body_bytes=len(CHAT_BODY),
+        status=200,
+        response_headers={"content-type": "text/event-stream"},
+        t_end_ms=2000,
+    )
+    base.update(kw)
+    cap = Capture(**base)  # type: ignore[arg-type]
+    return cap
+
+
+def _with_pieces(cap: Capture, data: bytes, size: int = 7, limit: int = 1 << 20) -> Capture:
+    for i in range(0, len(data), size):
+        cap.add_piece(data[i : i + size], limit)
+    return cap
+
+
+def test_keep_headers_only_four_and_joins_repeats() -> None:
+    pairs = [
+        ("User-Agent", "a"),
+        ("Authorization", "Bearer x"),
+        ("x-api-key", "k"),
+        ("Cookie", "c"),
+        ("Content-Type", "application/json"),
+        ("Transfer-Encoding", "chunked"),
+        ("transfer-encoding", "gzip"),
+        ("Proxy-Authorization", "Basic y"),
+    ]
+    assert keep_headers(pairs) == {
+        "user-agent": "a",
+        "content-type": "application/json",
+        "transfer-encoding": "chunked, gzip",
+    }
+
+
+def test_full_stream_record() -> None:
+    rec = build_record(_with_pieces(_cap(), SSE), "full")
+    assert list(rec) == [
+        "v",
+        "id",
+        "conn",
+        "t_start_ms",
+        "t_first_byte_ms",
+        "t_end_ms",
+        "request",
+        "response",
+        "error",
+        "tokens",
+    ]
+    assert rec["v"] == 1 and rec["id"] == 3 and rec["tokens"] is None and rec["error"] is None
+    req = rec["request"]
+    assert req["digest"] is None and req["body_text"] is None
+    assert req["body"]["temperature"].text == "0.70"
+    resp = rec["response"]
+    assert resp["stream"] == "sse" and resp["chunks"] == 6 and resp["bad_chunks"] == 0
+    assert resp["body_bytes"] == len(SSE) and resp["truncated"] is False
+    msg = resp["body"]["choices"][0]["message"]
+    assert msg["content"] == "Hello" and msg["reasoning_content"] == "think"
+    assert resp["body"]["timings"]["prompt_ms"].text == "12.50"
+    line = canonical.record_dumps(rec)
+    assert b'"temperature":0.70' in line and b'"top_p":1E0' in line and b'"prompt_ms":12.50' in line
+
+
+def test_digest_and_full_give_the_same_hashes() -> None:
+    full = build_record(_with_pieces(_cap(), SSE), "full")
+    dig = build_record(_with_pieces(_cap(), SSE), "digest")
+    # Round-trip the full record through its JSON line, as a reader would (R2).
+    reread = canonical.loads(canonical.record_dumps(full))
+    assert request_digest(reread["request"]["body"], "openai_chat") == dig["request"]["digest"]
+    assert response_digest(reread["response"]["body"]) == canonical.loads(
+        canonical.record_dumps(dig["response"]["digest"])
+    )
+    assert dig["request"]["body"] is None and dig["response"]["body"] is None
+    line = canonical.record_dumps(dig).decode()
+    assert "You are terse" not in line and "Hello" not in line and "think" not in line
+
+
+def test_digest_drops_non_chat_and_non_2xx() -> None:
+    other = build_record(
+        _with_pieces(
+            _cap(
+                path="/v1/models",
+                method="GET",
+                response_headers={"content-type": "application/json"},
+            ),
+            b'{"data":[]}',
+        ),
+        "digest",
+    )
+    assert other["request"]["digest"] is None and other["response"]["digest"] is None
+    err_body = b'{"error":{"code":400,"message":"too long","type":"exceed_context_size_error"}}'
+    bad = build_record(
+        _with_pieces(
+            _cap(status=400, response_headers={"content-type": "application/json"}), err_body
+        ),
+        "digest",
+    )
+    assert bad["request"]["digest"] is not None
+    assert bad["response"]["digest"] is None and bad["response"]["status"] == 400
+    full_bad = build_record(
+        _with_pieces(
+            _cap(status=400, response_headers={"content-type": "application/json"}), err_body
+        ),
+        "full",
+    )
+    assert full_bad["response"]["body"]["error"]["type"] == "exceed_context_size_error"
+
+
+def test_non_json_request_is_body_text_in_full_mode() -> None:
+    raw = b'{"messages": [NaN]}'
+    rec = build_record(_cap(request_body=raw, request_body_bytes=len(raw), status=None), "full")
+    assert rec["request"]["body"] is None and rec["request"]["body_text"] == raw.decode()
+    assert rec["response"] is None
+    rec = build_record(_cap(request_body=raw, request_body_bytes=len(raw), status=None), "digest")
+    assert rec["request"]["digest"] is None and rec["request"]["body_bytes"] == len(raw)
+
+
+def test_body_too_large_is_not_stored() -> None:
+    cap = _cap(request_body=None, request_body_bytes=99, error="body_too_large")
+    rec = build_record(_with_pieces(cap, SSE), "full")
+    assert rec["error"] == "body_too_large"
+    assert rec["request"]["body"] is None and rec["request"]["body_text"] is None
+    assert rec["request"]["digest"] is None and rec["request"]["body_bytes"] == 99
+    assert rec["response"]["body"]["choices"][0]["message"]["content"] == "Hello"
+
+
+def test_truncated_stream_keeps_events_within_limit() -> None:
+    limit = SSE.index(b'data: {"choices":[{"index":0,"delta":{"content":"lo"}}]}') + 10
+    cap = _with_pieces(_cap(), SSE, size=5, limit=limit)
+    assert cap.truncated and cap.response_body_bytes == len(SSE) and cap.stored_bytes == limit
+    rec = build_record(cap, "full")
+    resp = rec["response"]
+    assert resp["truncated"] is True and resp["body_bytes"] == len(SSE)
+    assert resp["body"]["choices"][0]["message"]["content"] == "Hel"
+    assert resp["chunks"] == 3 and resp["bad_chunks"] == 0
+
+
+def test_truncated_plain_body_keeps_prefix_as_text() -> None:
+    body = json.dumps({"choices": [{"message": {"content": "x" * 100}}]}).encode()
+    cap = _with_pieces(
+        _cap(response_headers={"content-type": "application/json"}), body, size=50, limit=60
+    )
+    rec = build_record(cap, "full")
+    assert rec["response"]["truncated"] is True
+    assert rec["response"]["body"] is None and rec["response"]["body_text"] == body[:60].decode()
+
+
+def test_gzip_stream_is_decoded_in_our_copy_only() -> None:
+    packed = gzip.compress(SSE)
+    cap = _with_pieces(_cap(response_encoding="gzip"), packed, size=11)
+    rec = build_record(cap, "digest")
+    assert rec["response"]["body_bytes"] == len(packed)
+    assert rec["response"]["digest"]["output"]["content_chars"] == 5
+    assert rec["response"]["chunks"] == 6
+
+
+def test_sniffs_stream_without_content_type() -> None:
+    cap = _with_pieces(_cap(response_headers={}), SSE)
+    assert build_record(cap, "digest")["response"]["stream"] == "sse"
+    nd = b'{"message":{"role":"assistant","content":"a"},"done":false}\n{"message":{"content":"b"},"done":true,"prompt_eval_count":4}\n'
+    cap = _with_pieces(
+        _cap(path="/api/chat", response_headers={"content-type": "application/octet-stream"}), nd
+    )
+    rec = build_record(cap, "digest")
+    assert rec["response"]["stream"] == "ndjson" and rec["response"]["chunks"] == 2
+    assert rec["response"]["digest"]["usage"]["prompt_eval_count"] == 4
+
+
+def test_midstream_error_is_kept() -> None:
+    sse = (
+        b'data: {"choices":[{"index":0,"delta":{"content":"par"}}]}\n\n'
+        b'data: {"error":{"code":500,"message":"boom","type":"server_error"}}\n\n'
+    )
+    rec = build_record(_with_pieces(_cap(), sse), "digest")
+    assert rec["response"]["digest"]["usage"]["error"]["message"] == "boom"
+    assert rec["response"]["chunks"] == 2
+
+
+def test_empty_body_all_null_and_first_byte_null() -> None:
+    rec = build_record(_cap(status=204, response_headers={}), "full")
+    assert rec["t_first_byte_ms"] is None
+    assert rec["response"]["body"] is None and rec["response"]["body_text"] is None
+    assert rec["response"]["digest"] is None and rec["response"]["body_bytes"] == 0
+
+
+def test_hangup_after_done_is_not_client_disconnected() -> None:
+    # openai-python closes as soon as it reads [DONE], sometimes before the
+    # chunked terminator: the client had the whole response.
+    cap = _with_pieces(_cap(error="client_disconnected"), SSE)
+    assert build_record(cap, "digest")["error"] is None
+    cut = SSE[: SSE.index(b"data: [DONE]")]
+    cap = _with_pieces(_cap(error="client_disconnected"), cut)
+    assert build_record(cap, "digest")["error"] == "client_disconnected"
+    # past the limit, the tail still shows the end
+    cap = _with_pieces(_cap(error="client_disconnected"), SSE, size=5, limit=40)
+    assert cap.truncated and build_record(cap, "digest")["error"] is None
+
+
+def test_hangup_after_whole_plain_body() -> None:
+    body = b'{"choices":[{"message":{"content":"hi"}}]}'
+    headers = {"content-type": "application/json", "content-length": str(len(body))}
+    cap = _with_pieces(_cap(error="client_disconnected", response_headers=headers), body)
+    assert build_record(cap, "digest")["error"] is None
+    cap = _with_pieces(_cap(error="client_disconnected", response_headers=headers), body[:10])
+    assert build_record(cap, "digest")["error"] == "client_disconnected"
