@@ -52,8 +52,7 @@ from typing import Any
 
 import orjson
 
-from llmp.apis.chat import OPENAI_CHAT
-from llmp.apis.digest import message_digest, request_digest, response_digest, tool_digest
+from llmp.apis.openai_chat import OpenAIChat, message_digest, tool_digest
 from llmp.format.canonical import hash_value, record_dumps
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -775,7 +774,7 @@ def generate(path: Path, size_bytes: int, seed: int) -> GenStats:
                 n_chat += 1
                 digest = chat_digest(call)
                 if n_chat % CHECK_EVERY == 1:
-                    want = request_digest(chat_body(call), OPENAI_CHAT)
+                    want = OpenAIChat().request_digest(chat_body(call))
                     if record_dumps(want) != record_dumps(digest):
                         raise AssertionError(f"request digest of record {rid} differs")
                     st.checked += 1
@@ -797,7 +796,7 @@ def generate(path: Path, size_bytes: int, seed: int) -> GenStats:
                 if nm <= 2 or not call.stream:
                     st.side_calls += 1
                 reply = call.reply or {"role": "assistant", "content": ""}
-                rd = response_digest({"choices": [{"message": reply}]})
+                rd = OpenAIChat().response_digest({"choices": [{"message": reply}]})
                 assert rd is not None
                 out_chars = rd["output"]["content_chars"] + sum(
                     len(c["function"]["arguments"]) + 40 for c in reply.get("tool_calls") or []
@@ -867,7 +866,7 @@ def generate(path: Path, size_bytes: int, seed: int) -> GenStats:
                     "truncated": False,
                     "body": None,
                     "body_text": None,
-                    "digest": response_digest(merged) if status == 200 else None,
+                    "digest": OpenAIChat().response_digest(merged) if status == 200 else None,
                 }
                 request = request_part(call, digest, body_bytes)
             rec = {

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from llmp.analysis.counters import Counts, Timing, counts_for
+from llmp.analysis.counters import Timing, counts_for
+from llmp.apis.base import CountHints, Counts
+from llmp.apis.ollama_chat import OllamaChat
+from llmp.apis.openai_chat import OpenAIChat
 
 EST = (1000, "estimate")
 
 
 def openai(top: dict, timing: Timing | None = None) -> Counts:
-    return counts_for("openai_chat", top, timing, EST, 0.4)
+    return counts_for(OpenAIChat(), top, timing, CountHints(EST, 0.4))
 
 
 def ollama(top: dict, known_old: bool = False) -> Counts:
-    return counts_for("ollama_chat", top, None, EST, 0.4, known_old)
+    return counts_for(OllamaChat(), top, None, CountHints(EST, 0.4, known_old))
 
 
 def test_llama_server_timings_and_usage() -> None:
@@ -139,7 +142,7 @@ def test_proxy_clock_when_the_server_gives_no_timing() -> None:
 def test_null_is_not_zero() -> None:
     c = openai({})
     assert all(getattr(c, f) is None for f in ("prompt_tokens", "reused_tokens", "prefill_ms"))
-    c = counts_for("openai_chat", None, None, EST, 0.4)
+    c = counts_for(OpenAIChat(), None, None, CountHints(EST, 0.4))
     assert c.prompt_tokens is None
 
 

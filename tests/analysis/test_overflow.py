@@ -11,7 +11,8 @@ import pytest
 from llmp.analysis import Config, Engine
 from llmp.analysis.overflow import refusal_of
 from llmp.analysis.render import readable_findings, sentence
-from llmp.apis.digest import request_digest
+from llmp.apis.ollama_chat import OllamaChat
+from llmp.apis.openai_chat import OpenAIChat
 from llmp.cli import main
 from tests.analysis.test_report import check_shape
 from tests.support import overflow_scenarios as osc
@@ -112,7 +113,7 @@ def test_ollama_without_num_ctx_in_the_request(tmp_path: Path) -> None:
 def test_tokenizer_counts_make_it_certain(tmp_path: Path) -> None:
     tr = osc.ollama_truncating(in_request=False)
     for rec in tr.records:
-        d = request_digest(rec["request"]["body"], "ollama_chat")
+        d = OllamaChat().request_digest(rec["request"]["body"])
         assert d is not None
         rec["tokens"] = {
             "messages": {m["hash"]: -(-m["chars"] // 4) for m in d["messages"]},
@@ -211,7 +212,7 @@ def _rec(status: int, body: Any = None, text: str | None = None) -> dict[str, An
 
 def refusal(status: int, body: Any = None, text: str | None = None) -> Any:
     rec = _rec(status, body, text)
-    return refusal_of(rec, rec["request"], rec["response"], "openai_chat", status)
+    return refusal_of(rec, rec["request"], rec["response"], OpenAIChat(), status)
 
 
 def test_recognised_errors() -> None:
@@ -255,9 +256,9 @@ def test_damaged_error_bodies_never_raise(body: Any) -> None:
     refusal(400, body)
     rec = _rec(400, body)
     rec["request"]["body"] = {"messages": "not a list", "tools": [None, 3]}
-    refusal_of(rec, rec["request"], rec["response"], "openai_chat", 400)
+    refusal_of(rec, rec["request"], rec["response"], OpenAIChat(), 400)
     rec["request"] = {"digest": {"messages": [None, {"chars": "x", "hash": 3}]}}
-    refusal_of(rec, rec["request"], rec["response"], "openai_chat", 400)
+    refusal_of(rec, rec["request"], rec["response"], OpenAIChat(), 400)
 
 
 # -- live use of the engine ------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 
 from llmp.analysis import Config, analyze
 from llmp.analysis.findings import sort_key
-from llmp.apis.digest import request_digest
+from llmp.apis.openai_chat import OpenAIChat
 from tests.support import scenarios as sc
 from tests.support.scenarios import analyse, rows_by_id
 
@@ -302,7 +302,7 @@ def test_tool_table_and_tool_findings(tmp_path: Path) -> None:
 def test_tokenizer_counts_are_used_for_composition(tmp_path: Path) -> None:
     tr = sc.clean_chat()
     for rec in tr.records:
-        d = request_digest(rec["request"]["body"], "openai_chat")
+        d = OpenAIChat().request_digest(rec["request"]["body"])
         assert d is not None
         rec["tokens"] = {
             "messages": {m["hash"]: max(1, m["chars"] // 3) for m in d["messages"]},

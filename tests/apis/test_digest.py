@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
-from llmp.apis.chat import chat_api
-from llmp.apis.digest import message_digest, message_text, request_digest, response_digest
+from typing import Any
+
+from llmp.apis import api_by_name, api_name
+from llmp.apis.openai_chat import OpenAIChat, message_digest, message_text
 from llmp.format import canonical
 from llmp.format.canonical import EMPTY_HASH, hash_bytes, hash_text
 
 
+def request_digest(body: Any, api: str) -> Any:
+    chat = api_by_name(api)
+    assert chat is not None
+    return chat.request_digest(body) if isinstance(body, dict) else None
+
+
+response_digest = OpenAIChat().response_digest
+
+
 def test_chat_api_paths() -> None:
-    assert chat_api("POST", "/v1/chat/completions") == "openai_chat"
-    assert chat_api("POST", "/chat/completions?x=1") == "openai_chat"
-    assert chat_api("POST", "/proxy/openai/v1/chat/completions") == "openai_chat"
-    assert chat_api("POST", "/api/chat") == "ollama_chat"
-    assert chat_api("GET", "/v1/chat/completions") == "other"
-    assert chat_api("POST", "/v1/completions") == "other"
-    assert chat_api("POST", "/api/chat/x") == "other"
+    assert api_name("POST", "/v1/chat/completions") == "openai_chat"
+    assert api_name("POST", "/chat/completions?x=1") == "openai_chat"
+    assert api_name("POST", "/proxy/openai/v1/chat/completions") == "openai_chat"
+    assert api_name("POST", "/api/chat") == "ollama_chat"
+    assert api_name("GET", "/v1/chat/completions") == "other"
+    assert api_name("POST", "/v1/completions") == "other"
+    assert api_name("POST", "/api/chat/x") == "other"
 
 
 def test_message_hash_covers_exactly_the_five_fields() -> None:
@@ -68,7 +79,7 @@ def test_request_params() -> None:
         "grammar": "",
         "json_schema": {"type": "object"},
     }
-    d = request_digest(body, "openai_chat")
+    d = OpenAIChat().request_digest(body)
     assert d is not None
     assert d["params"] == {
         "max_tokens": 8,
@@ -96,7 +107,7 @@ def test_tools_digest() -> None:
         {"type": "function", "function": {"name": "read_file", "parameters": {"b": 1.50, "a": 1}}}
     ]
     parsed = canonical.loads(canonical.record_dumps(tools))
-    d = request_digest({"messages": [], "tools": parsed}, "openai_chat")
+    d = OpenAIChat().request_digest({"messages": [], "tools": parsed})
     assert d is not None
     canon = canonical.dumps(parsed[0])
     assert d["tools"] == [
@@ -122,7 +133,7 @@ def test_response_digest() -> None:
         "timings": {"cache_n": 9},
         "model": "x.gguf",
     }
-    d = response_digest(body)
+    d = OpenAIChat().response_digest(body)
     assert d == {
         "usage": {"usage": {"prompt_tokens": 10}, "timings": {"cache_n": 9}, "model": "x.gguf"},
         "output": {
@@ -131,7 +142,7 @@ def test_response_digest() -> None:
             "tool_calls": [{"id": None, "name": "g"}],
         },
     }
-    ollama = response_digest(
+    ollama = OpenAIChat().response_digest(
         {
             "model": "q",
             "message": {"role": "assistant", "content": "", "thinking": "hm"},

@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
+from llmp.apis.ollama_chat import NDJSONMerger
+from llmp.apis.openai_chat import SSEMerger
 from llmp.format import canonical
-from llmp.recorder.stream import NDJSONMerger, SSEMerger, StreamCapture, sniff_stream
+from llmp.recorder.stream import StreamCapture, sniff_stream
 
 MiB = 1 << 20
 

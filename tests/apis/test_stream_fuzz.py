@@ -15,9 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmp.apis.ndjson import NDJSONParser
+from llmp.apis.ollama_chat import NDJSONMerger
+from llmp.apis.openai_chat import SSEMerger
 from llmp.apis.sse import SSEParser
 from llmp.format import canonical
-from llmp.recorder.stream import NDJSONMerger, SSEMerger, StreamCapture
+from llmp.recorder.stream import StreamCapture
 
 FUZZ = settings(max_examples=200, deadline=None)
 

@@ -20,7 +20,7 @@ import ollama
 import openai
 import pytest
 
-from llmp.apis.digest import request_digest
+from llmp.apis.openai_chat import OpenAIChat
 from llmp.format import canonical
 from tests.support.mitm import Mitmdump, MitmdumpError, read_records, wait_for_records
 from tests.support.upstreams import BlackHole, ClosedPort, Upstream
@@ -125,7 +125,7 @@ def test_openai_streamed_with_tools_and_usage(llama: Upstream, rec_path: Path) -
     assert req["headers"]["user-agent"].startswith("OpenAI/Python")
     assert req["body_bytes"] == len(llama.log[-1].request_body)
     dig = req["digest"]
-    assert dig == request_digest(canonical.loads(llama.log[-1].request_body), "openai_chat")
+    assert dig == OpenAIChat().request_digest(canonical.loads(llama.log[-1].request_body))
     assert dig["params"]["stream"] is True and dig["tools"][0]["name"] == "get_weather"
     assert [m["role"] for m in dig["messages"]] == ["system", "user", "assistant", "user"]
     assert resp["status"] == 200 and resp["stream"] == "sse"
@@ -536,7 +536,7 @@ def test_full_and_digest_recordings_hash_alike(llama: Upstream, tmp_path: Path) 
             # Re-read the full bodies as the analyzer does: number text kept (R2).
             lines = [canonical.loads(line) for line in path.read_bytes().splitlines()]
             digests[mode] = [
-                request_digest(r["request"]["body"], "openai_chat")
+                OpenAIChat().request_digest(r["request"]["body"])
                 for r in sorted(lines, key=lambda r: r["id"])
             ]
         else:

@@ -28,12 +28,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmp.apis import digest
+from llmp.apis import openai_chat as digest
+from llmp.apis import record_targets
 from llmp.format import canonical
 from llmp.format import token_counts as tokenize
-from llmp.format.token_counts import TokenizeError, count_targets, enrich_file, normalize_url
+from llmp.format.token_counts import TokenizeError, normalize_url
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def enrich_file(path: Path, url: str, **kwargs: Any) -> tokenize.EnrichResult:
+    """The enrichment as `llmp analyze --tokenize` runs it: targets from the API modules."""
+    return tokenize.enrich_file(path, url, targets=record_targets, **kwargs)
+
+
+count_targets = digest.OpenAIChat().count_targets
 
 
 def fake_count(text: str) -> int:
@@ -180,7 +189,7 @@ class Fixture:
         )
         line_a = record_line(1, body_a)
         assert line_a.endswith(b',"tokens":null}')
-        digest_body = digest.request_digest(body_a, "openai_chat")
+        digest_body = digest.OpenAIChat().request_digest(body_a)
         line_digest = record_line(2, None, digest_value=digest_body)
         # Hand-written: odd spacing, `tokens` first and already set, escapes,
         # number text, a "tokens" key inside a string and inside the body.
@@ -449,7 +458,7 @@ def test_server_down(fixture: Fixture) -> None:
 def test_digest_only_recording(tmp_path: Path, server: FakeServer) -> None:
     body = canonical.loads('{"messages":[{"role":"user","content":"hi"}]}')
     path = tmp_path / "rec.jsonl"
-    data = record_line(1, None, digest_value=digest.request_digest(body, "openai_chat")) + b"\n"
+    data = record_line(1, None, digest_value=digest.OpenAIChat().request_digest(body)) + b"\n"
     path.write_bytes(data)
     with pytest.raises(TokenizeError, match="nothing to count") as info:
         enrich_file(path, server.url, progress=False)
@@ -547,6 +556,7 @@ CHILD = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
+    from llmp.apis import record_targets
     from llmp.format import token_counts as tokenize
     if sys.argv[3] == "stall-write":
         real = tokenize._rewrite_line
@@ -555,7 +565,7 @@ CHILD = textwrap.dedent(
             time.sleep(30)
             return real(line, value, tokens)
         tokenize._rewrite_line = rewrite
-    tokenize.enrich_file(Path(sys.argv[1]), sys.argv[2], progress=False)
+    tokenize.enrich_file(Path(sys.argv[1]), sys.argv[2], targets=record_targets, progress=False)
     """
 )
 

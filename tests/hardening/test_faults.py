@@ -28,7 +28,7 @@ import httpx
 import openai
 import pytest
 
-from llmp.apis.digest import message_digest
+from llmp.apis.openai_chat import message_digest
 from tests.support.hardening import (
     RawUpstream,
     abort,

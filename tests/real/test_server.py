@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from llmp.apis.digest import request_digest, response_digest
+from llmp.apis.openai_chat import OpenAIChat
 from llmp.format import canonical
 from tests.support.mitm import Mitmdump, read_records
 from tests.support.real import LlamaServer, real_server_marks
@@ -316,13 +316,13 @@ def test_digest_and_full_hash_alike(run: Run) -> None:
         assert digest["id"] == rid
         assert full["request"]["digest"] is None and digest["request"]["body"] is None
         body = canonical.loads(run.full_lines[rid])["request"]["body"]
-        recomputed = request_digest(body, "openai_chat")
+        recomputed = OpenAIChat().request_digest(body)
         assert recomputed is not None
         assert recomputed == digest["request"]["digest"]
         assert len(recomputed["messages"]) == len(full["request"]["body"]["messages"])
         if digest["response"]["digest"] is not None:
             merged = canonical.loads(run.full_lines[rid])["response"]["body"]
-            assert response_digest(merged) == digest["response"]["digest"]
+            assert OpenAIChat().response_digest(merged) == digest["response"]["digest"]
     # the conversation's messages keep their hashes from turn to turn
     turn_hashes = [
         [m["hash"] for m in run.digest[i]["request"]["digest"]["messages"]] for i in STREAMED

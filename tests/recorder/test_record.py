@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 
-from llmp.apis.digest import request_digest, response_digest
+from llmp.apis.openai_chat import OpenAIChat
 from llmp.format import canonical
 from llmp.recorder.capture import Capture, keep_headers
 from llmp.recorder.record import build_record
@@ -105,8 +105,8 @@ def test_digest_and_full_give_the_same_hashes() -> None:
     dig = build_record(_with_pieces(_cap(), SSE), "digest")
     # Round-trip the full record through its JSON line, as a reader would (R2).
     reread = canonical.loads(canonical.record_dumps(full))
-    assert request_digest(reread["request"]["body"], "openai_chat") == dig["request"]["digest"]
-    assert response_digest(reread["response"]["body"]) == canonical.loads(
+    assert OpenAIChat().request_digest(reread["request"]["body"]) == dig["request"]["digest"]
+    assert OpenAIChat().response_digest(reread["response"]["body"]) == canonical.loads(
         canonical.record_dumps(dig["response"]["digest"])
     )
     assert dig["request"]["body"] is None and dig["response"]["body"] is None

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmp.apis.chat import OLLAMA_CHAT, OPENAI_CHAT
-from llmp.apis.digest import message_text, request_digest, response_digest
+from llmp.apis import api_for
+from llmp.apis.openai_chat import message_text
 from llmp.format.canonical import RawFloat, dumps, record_dumps
 
 T0 = 1_788_595_000_000
@@ -372,20 +372,13 @@ class Traffic:
         for rec in self.records:
             d = copy.deepcopy(rec)
             req, resp = d["request"], d["response"]
-            path = req["path"].split("?")[0]
-            api = (
-                OPENAI_CHAT
-                if path.endswith("/chat/completions")
-                else OLLAMA_CHAT
-                if path == "/api/chat"
-                else None
-            )
-            if api is not None and req["body"] is not None:
-                req["digest"] = request_digest(req["body"], api)
+            api = api_for(req["method"], req["path"])
+            if api is not None and isinstance(req["body"], dict):
+                req["digest"] = api.request_digest(req["body"])
             req["body"] = None
             if resp is not None:
                 ok = api is not None and 200 <= resp["status"] < 300 and resp["body"] is not None
-                resp["digest"] = response_digest(resp["body"]) if ok else None
+                resp["digest"] = api.response_digest(resp["body"]) if ok and api else None
                 resp["body"] = None
             out.append(d)
         return out
@@ -967,13 +960,13 @@ class ToolBlindServer(LlamaServer):
 def tokenized(traffic: Traffic) -> Traffic:
     """Fill every full record's `tokens` as `llmp analyze --tokenize` would, with this
     module's pseudo-tokenizer (4 characters a token)."""
-    from llmp.format.token_counts import count_targets
+    from llmp.apis import record_targets
 
     for rec in traffic.records:
-        body = rec["request"]["body"]
-        if not isinstance(body, dict) or "messages" not in body:
+        found = record_targets(rec)
+        if found is None:
             continue
-        msgs, tools = count_targets(body)
+        msgs, tools = found
         rec["tokens"] = {
             "messages": {h: len(chunks(t)) for h, t in msgs.items()},
             "tools": {h: len(chunks(t)) for h, t in tools.items()},

@@ -169,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _tokenize(paths: list[str], url: str, progress: bool | None) -> int:
     """Enrich each distinct file in place; 0, or 2 after the first failure."""
+    from llmp.apis import record_targets
     from llmp.format.token_counts import TokenizeError, enrich_file
 
     seen: set[str] = set()
@@ -178,7 +179,7 @@ def _tokenize(paths: list[str], url: str, progress: bool | None) -> int:
             continue
         seen.add(real)
         try:
-            result = enrich_file(Path(path), url, progress=progress)
+            result = enrich_file(Path(path), url, targets=record_targets, progress=progress)
         except TokenizeError as exc:
             return _fail(str(exc))
         print(f"llmp analyze: {result.summary()}", file=sys.stderr)

@@ -14,7 +14,7 @@ from typing import IO, Any
 from llmp.analysis.classify import SIDE_CALL, STATELESS, SUMMARISE, TURN, classify
 from llmp.analysis.clients import ClientRegistry
 from llmp.analysis.config import Config
-from llmp.analysis.counters import Counts, Timing, counts_for
+from llmp.analysis.counters import Timing, counts_for
 from llmp.analysis.exchange import Exchange, Skip, Tools, prepare
 from llmp.analysis.findings import Findings
 from llmp.analysis.linking import HEAD, Conversation, RingEntry, Session, TurnState, find_link
@@ -22,6 +22,7 @@ from llmp.analysis.loss import Between, Structure, between, compare, loss_measur
 from llmp.analysis.reader import ReadStats
 from llmp.analysis.report import Spill, Totals, build_header, spilled_rows, write_report
 from llmp.analysis.rows import Row
+from llmp.apis.base import CountHints, Counts
 from llmp.format.measure import SERVER, weakest
 
 RowHook = Callable[[Row, Between | None], None]
@@ -104,9 +105,8 @@ class Engine:
         kind, shape = classify(ex, link, ref, st.total, cfg)
         timing = Timing(ex.t_start, ex.t_first_byte, ex.t_end, ex.streamed)
         known_old = ex.served_model in s.ollama_old
-        counts = counts_for(
-            ex.api, ex.top, timing, (st.total, st.source), cfg.ollama_evaluated_share, known_old
-        )
+        hints = CountHints((st.total, st.source), cfg.ollama_evaluated_share, known_old)
+        counts = counts_for(ex.api, ex.top, timing, hints)
         if counts.meaning == "old" and not known_old:
             s.ollama_old.add(ex.served_model)
         model = ex.requested_model or ex.served_model
@@ -120,7 +120,7 @@ class Engine:
             flat = st.unlinked()
             row = Row(
                 id=ex.id,
-                api=ex.api,
+                api=ex.api.name,
                 model=model,
                 client=client,
                 t_start_ms=ex.t_start,
@@ -163,7 +163,7 @@ class Engine:
         verdict = losses(st, counts, btw, cfg)
         row = Row(
             id=ex.id,
-            api=ex.api,
+            api=ex.api.name,
             model=model,
             client=conv.client,
             t_start_ms=ex.t_start,

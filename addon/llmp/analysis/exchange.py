@@ -10,9 +10,8 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from llmp.analysis.overflow import Refusal, ollama_num_ctx, refusal_of
-from llmp.apis.chat import OTHER, chat_api, strip_query
-from llmp.apis.digest import request_digest, response_digest
+from llmp.analysis.overflow import Refusal, refusal_of
+from llmp.apis import ChatApi, api_for, request_digest_of, response_digest_of, strip_query
 from llmp.format.measure import ESTIMATE, MV, TOKENIZER, estimate
 
 _HASH = operator.itemgetter("hash")
@@ -113,7 +112,7 @@ class Exchange:
     )
 
     id: int
-    api: str
+    api: ChatApi
     t_start: int
     t_first_byte: int | None
     t_end: int
@@ -222,8 +221,8 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
     path = req.get("path")
     if type(method) is not str or type(path) is not str:
         return Skip(NOT_CHAT, strip_query(path) if isinstance(path, str) else "?")
-    api = chat_api(method, path)
-    if api == OTHER:
+    api = api_for(method, path)
+    if api is None:
         return Skip(NOT_CHAT, strip_query(path))
     resp = rec.get("response")
     if rec.get("error") is not None or type(resp) is not dict:
@@ -231,17 +230,9 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
     status = resp.get("status")
     if type(status) is not int or not 200 <= status < 300:
         return Skip(NON_2XX, chat=True, refusal=refusal_of(rec, req, resp, api, status))
-    digest = req.get("digest")
-    rd = resp.get("digest")
     try:
-        if digest is None:
-            body = req.get("body")
-            if isinstance(body, dict):
-                digest = request_digest(body, api)
-        if rd is None:
-            rbody = resp.get("body")
-            if isinstance(rbody, dict):
-                rd = response_digest(rbody)
+        digest: Any = request_digest_of(req, api)
+        rd: Any = response_digest_of(resp, api)
     except (ValueError, TypeError, RecursionError):
         return Skip(UNPARSED, chat=True)  # a body the digest cannot be taken of
     if type(digest) is not dict:
@@ -331,7 +322,7 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
     ex.structured = params.get("response_format") is True or params.get("grammar") is True
     mt = params.get("max_tokens")
     ex.max_tokens = mt if type(mt) is int else None
-    ex.num_ctx = ollama_num_ctx(req.get("body"))  # full mode only: digests drop options
+    ex.num_ctx = api.context_limit(req.get("body"))  # full mode only: digests drop options
 
     names: list[str] = []
     if type(out) is dict:

@@ -23,8 +23,7 @@ from typing import Any
 
 from llmp.analysis.reader import read_all
 from llmp.analysis.render import CAUSE_WORDS, duration, sentence, short_model
-from llmp.apis.chat import OTHER, chat_api
-from llmp.apis.digest import request_digest
+from llmp.apis import api_for, request_digest_of
 
 __all__ = [
     "CAUSES",
@@ -225,16 +224,14 @@ def _prompt(rec: dict[str, Any]) -> dict[str, Any] | None:
     req = rec.get("request")
     if not isinstance(req, dict):
         return None
-    digest = req.get("digest")
+    method, path = req.get("method"), req.get("path")
+    if not isinstance(method, str) or not isinstance(path, str):
+        return None
+    api = api_for(method, path)
+    if api is None:
+        return None
+    digest: Any = request_digest_of(req, api)
     if digest is None:
-        method, path = req.get("method"), req.get("path")
-        if not isinstance(method, str) or not isinstance(path, str):
-            return None
-        api = chat_api(method, path)
-        if api == OTHER:
-            return None
-        digest = request_digest(req.get("body"), api)
-    if not isinstance(digest, dict):
         return None
     tok = rec.get("tokens")
     msg_tokens = tok.get("messages") if isinstance(tok, dict) else None

@@ -29,8 +29,8 @@ from llmp.format.measure import ESTIMATE, MV, SERVER, TOKENIZER, clean, weakest
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config
-    from llmp.analysis.counters import Counts
     from llmp.analysis.exchange import Exchange
+    from llmp.apis.base import Counts
 
 SYSTEM_CHANGED = "system_changed"
 TOOLS_CHANGED = "tools_changed"

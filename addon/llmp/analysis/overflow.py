@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from math import inf
 from typing import TYPE_CHECKING, Any
 
-from llmp.apis.digest import request_digest
+from llmp.apis import ChatApi, request_digest_of
 from llmp.format.measure import ESTIMATE, MV, RANK, SERVER, TOKENIZER, estimate, weakest
 
 if TYPE_CHECKING:
@@ -125,20 +125,15 @@ def _from_body(body: Any, text: Any) -> tuple[int | None, int | None] | None:
 
 
 def _request_size(
-    rec: dict[str, Any], req: dict[str, Any], api: str
+    rec: dict[str, Any], req: dict[str, Any], api: ChatApi
 ) -> tuple[str | None, MV | None]:
     """The requested model and the prompt's size in composition units."""
-    digest = req.get("digest")
-    if not isinstance(digest, dict):
-        body = req.get("body")
-        if not isinstance(body, dict):
-            return None, None
-        try:
-            digest = request_digest(body, api)
-        except (ValueError, TypeError, RecursionError):
-            return None, None
-        if not isinstance(digest, dict):
-            return None, None
+    try:
+        digest: Any = request_digest_of(req, api)
+    except (ValueError, TypeError, RecursionError):
+        return None, None
+    if digest is None:
+        return None, None
     model = digest.get("model")
     tokens = rec.get("tokens")
     msg_tok = tokens.get("messages") if isinstance(tokens, dict) else None
@@ -163,7 +158,7 @@ def _request_size(
 
 
 def refusal_of(
-    rec: dict[str, Any], req: dict[str, Any], resp: dict[str, Any], api: str, status: Any
+    rec: dict[str, Any], req: dict[str, Any], resp: dict[str, Any], api: ChatApi, status: Any
 ) -> Refusal | None:
     """The Refusal of a non-2xx chat record, or None when it is not one.
 
@@ -188,14 +183,6 @@ def refusal_of(
         return None
     model, sent = _request_size(rec, req, api)
     return Refusal(said, n_ctx, n_prompt, model, sent)
-
-
-def ollama_num_ctx(body: Any) -> int | None:
-    """`options.num_ctx` of a full request body (digests do not keep options)."""
-    if not isinstance(body, dict):
-        return None
-    options = body.get("options")
-    return _pos_int(options.get("num_ctx")) if isinstance(options, dict) else None
 
 
 @dataclass
@@ -440,6 +427,5 @@ __all__ = [
     "FROM_REQUEST",
     "Overflow",
     "Refusal",
-    "ollama_num_ctx",
     "refusal_of",
 ]

@@ -16,11 +16,11 @@ from typing import IO, TYPE_CHECKING, Any
 import orjson
 
 from llmp.analysis.classify import TURN
-from llmp.analysis.counters import FIELDS
 from llmp.analysis.exchange import SKIP_REASONS, Exchange, Tools
 from llmp.analysis.findings import ToolStats
 from llmp.analysis.overflow import CONTEXT_OVERFLOW
 from llmp.analysis.rows import Row, join_spilled
+from llmp.apis.base import FIELDS
 from llmp.format.measure import MV, SERVER, Sum, as_json
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from llmp.analysis.counters import Counts
+from llmp.apis.base import Counts
 from llmp.format.measure import MV, as_json
 
 COMPOSITION = ("system", "tools", "history", "new_content")

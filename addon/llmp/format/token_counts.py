@@ -66,13 +66,12 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
-from llmp.apis import digest
 from llmp.format import canonical
 
 __all__ = [
     "EnrichResult",
+    "Targets",
     "TokenizeError",
-    "count_targets",
     "enrich_file",
     "normalize_url",
     "tokenize_payload",
@@ -124,28 +123,9 @@ class EnrichResult:
 # --------------------------------------------------------------------------- targets
 
 
-def count_targets(body: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
-    """What a chat body asks to count: `{hash: text}` for messages and for tools.
-
-    Message keys are `digest.message_digest` hashes and values the R5 text;
-    tool keys are `digest.tool_digest` hashes and values the canonical JSON.
-    Both in order of first appearance.
-    """
-    messages: dict[str, str] = {}
-    raw_messages = body.get("messages")
-    if isinstance(raw_messages, list):
-        for msg in raw_messages:
-            key = digest.message_digest(msg)["hash"]
-            if key not in messages:
-                messages[key] = digest.message_text(msg) if isinstance(msg, dict) else ""
-    tools: dict[str, str] = {}
-    raw_tools = body.get("tools")
-    if isinstance(raw_tools, list):
-        for tool in raw_tools:
-            canon = canonical.dumps(tool)
-            # Same bytes, same hash as digest.tool_digest(tool)["hash"], without dumping twice.
-            tools.setdefault(canonical.hash_bytes(canon), canon.decode("utf-8"))
-    return messages, tools
+Targets = Callable[[dict[str, Any]], "tuple[dict[str, str], dict[str, str]] | None"]
+"""What a record asks to count (`{hash: text}` for its messages and its tools),
+or None when it has no full chat body; `llmp.apis.record_targets`."""
 
 
 def _is_v1(record: Any) -> bool:
@@ -153,16 +133,6 @@ def _is_v1(record: Any) -> bool:
         return False
     v = record.get("v")
     return isinstance(v, int) and not isinstance(v, bool) and v == 1
-
-
-def _full_body(record: dict[str, Any]) -> dict[str, Any] | None:
-    request = record.get("request")
-    if not isinstance(request, dict):
-        return None
-    body = request.get("body")
-    if isinstance(body, dict) and isinstance(body.get("messages"), list):
-        return body
-    return None
 
 
 def _is_digest(record: dict[str, Any]) -> bool:
@@ -646,7 +616,7 @@ class _Scan:
     bad_lines: int = 0
 
 
-def _scan(src: IO[bytes]) -> _Scan:
+def _scan(src: IO[bytes], targets: Targets) -> _Scan:
     result = _Scan(plans={}, messages={}, tools={})
     for index, line in enumerate(src):
         result.lines = index + 1
@@ -661,14 +631,14 @@ def _scan(src: IO[bytes]) -> _Scan:
             result.bad_lines += 1
             continue
         result.records += 1
-        body = _full_body(record)
-        if body is None:
+        found = targets(record)
+        if found is None:
             if _is_digest(record):
                 result.digest_records += 1
             else:
                 result.other_records += 1
             continue
-        messages, tools = count_targets(body)
+        messages, tools = found
         for key, text in messages.items():
             result.messages.setdefault(key, text)
         for key, text in tools.items():
@@ -716,6 +686,7 @@ def enrich_file(
     path: Path,
     url: str,
     *,
+    targets: Targets,
     concurrency: int = 4,
     progress: bool | None = None,
     timeout: float = 30.0,
@@ -737,7 +708,7 @@ def enrich_file(
         src = _open_recording(target)
         with src:
             initial = os.fstat(src.fileno())
-            scan = _scan(src)
+            scan = _scan(src, targets)
             if not scan.plans:
                 raise TokenizeError(
                     f"nothing to count in {path}: no full chat records "

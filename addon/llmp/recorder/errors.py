@@ -6,11 +6,7 @@ and each case is provoked for real in the end-to-end tests.
 
 from __future__ import annotations
 
-UPSTREAM_UNREACHABLE = "upstream_unreachable"
-UPSTREAM_RESET = "upstream_reset"
-CLIENT_DISCONNECTED = "client_disconnected"
-TIMEOUT = "timeout"
-BODY_TOO_LARGE = "body_too_large"
+from llmp.format.schema import CLIENT_DISCONNECTED, TIMEOUT, UPSTREAM_RESET, UPSTREAM_UNREACHABLE
 
 _UNREACHABLE = (
     "connect call failed",

@@ -10,16 +10,12 @@ import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from llmp.apis.chat import OTHER, chat_api
-from llmp.apis.digest import request_digest, response_digest
+from llmp.apis import ChatApi, api_for
 from llmp.format import canonical
+from llmp.format.schema import CLIENT_DISCONNECTED, FULL, RECORD_VERSION
 from llmp.recorder.capture import Capture
-from llmp.recorder.errors import CLIENT_DISCONNECTED
 from llmp.recorder.stream import StreamCapture, sniff_stream
 
-RECORD_VERSION = 1
-FULL = "full"
-DIGEST = "digest"
 _GENERIC_TYPES = ("", "application/octet-stream", "text/plain", "binary/octet-stream")
 
 
@@ -67,7 +63,7 @@ def _media_type(headers: dict[str, str]) -> str:
     return headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
 
-def _store_body(data: bytes, mode: str, api: str, digest_fn: Any) -> dict[str, Any]:
+def _store_body(data: bytes, mode: str, digest_fn: Any) -> dict[str, Any]:
     """The body / body_text / digest triple for a complete, non-streamed body."""
     out: dict[str, Any] = {"body": None, "body_text": None, "digest": None}
     if not data:
@@ -78,7 +74,7 @@ def _store_body(data: bytes, mode: str, api: str, digest_fn: Any) -> dict[str, A
         except canonical.NotJSON:
             out["body_text"] = data.decode("utf-8", "replace")
         return out
-    if api == OTHER or digest_fn is None:
+    if digest_fn is None:
         return out
     try:
         parsed = canonical.loads(data)
@@ -88,7 +84,12 @@ def _store_body(data: bytes, mode: str, api: str, digest_fn: Any) -> dict[str, A
     return out
 
 
-def _request_part(cap: Capture, mode: str, api: str) -> dict[str, Any]:
+def _object_digest(fn: Any) -> Any:
+    """A digest function that takes any parsed body: None unless it is an object."""
+    return lambda body: fn(body) if isinstance(body, dict) else None
+
+
+def _request_part(cap: Capture, mode: str, api: ChatApi | None) -> dict[str, Any]:
     part: dict[str, Any] = {
         "method": cap.method,
         "path": cap.path,
@@ -104,11 +105,12 @@ def _request_part(cap: Capture, mode: str, api: str) -> dict[str, Any]:
         data = b"".join(decoded_pieces([cap.request_body], cap.request_encoding))
     except ValueError:
         data = cap.request_body
-    part.update(_store_body(data, mode, api, lambda body: request_digest(body, api)))
+    digest = None if api is None else _object_digest(api.request_digest)
+    part.update(_store_body(data, mode, digest))
     return part
 
 
-def _response_part(cap: Capture, mode: str, api: str) -> dict[str, Any] | None:
+def _response_part(cap: Capture, mode: str, api: ChatApi | None) -> dict[str, Any] | None:
     if cap.status is None:
         return None
     part: dict[str, Any] = {
@@ -129,10 +131,10 @@ def _response_part(cap: Capture, mode: str, api: str) -> dict[str, Any] | None:
         return part
     media = _media_type(cap.response_headers)
     if media in _GENERIC_TYPES:  # missing or generic: sniff, but only chat responses (R8)
-        kind = sniff_stream(None, _head(data_pieces)) if api != OTHER else None
+        kind = sniff_stream(None, _head(data_pieces)) if api is not None else None
     else:
         kind = sniff_stream(media, b"")
-    digest_ok = api != OTHER and 200 <= cap.status < 300
+    digest_api = api if api is not None and 200 <= cap.status < 300 else None
     if kind is None:
         data = b"".join(data_pieces)
         if cap.error == CLIENT_DISCONNECTED and _plain_complete(cap):
@@ -141,10 +143,11 @@ def _response_part(cap: Capture, mode: str, api: str) -> dict[str, Any] | None:
             if mode == FULL and data:
                 part["body_text"] = data.decode("utf-8", "replace")
             return part
-        part.update(_store_body(data, mode, api if digest_ok else OTHER, response_digest))
+        digest = None if digest_api is None else _object_digest(digest_api.response_digest)
+        part.update(_store_body(data, mode, digest))
         return part
     # The capture already applied the limit to what it kept; parse all of it.
-    stream = StreamCapture(kind, sum(map(len, data_pieces)) + 1)
+    stream = StreamCapture(kind, sum(map(len, data_pieces)) + 1, api)
     for piece in data_pieces:
         stream.feed(piece)
     if cap.truncated:
@@ -161,8 +164,8 @@ def _response_part(cap: Capture, mode: str, api: str) -> dict[str, Any] | None:
             part["body"] = merged
         elif data_pieces:
             part["body_text"] = b"".join(data_pieces).decode("utf-8", "replace")
-    elif digest_ok and merged is not None:
-        part["digest"] = response_digest(merged)
+    elif digest_api is not None and merged is not None:
+        part["digest"] = digest_api.response_digest(merged)
     return part
 
 
@@ -196,7 +199,7 @@ def _head(pieces: list[bytes], size: int = 65536) -> bytes:
 
 def build_record(cap: Capture, mode: str) -> dict[str, Any]:
     """The recording v1 record for one finished exchange."""
-    api = chat_api(cap.method, cap.path)
+    api = api_for(cap.method, cap.path)
     request = _request_part(cap, mode, api)
     response = _response_part(cap, mode, api)  # may clear a client_disconnected
     return {

@@ -1,0 +1,270 @@
+"""What every chat API module provides, and the digest pieces they share.
+
+An API module is the single home of what llmp knows about one API: which
+requests belong to it, its request digest, how its stream is merged, its
+response digest, and the counters the analyzer reads from its responses.
+Each one subclasses `ChatApi`; `llmp.apis` lists them.
+
+The message digest shape (R4, R5) is the same for every API: a role, an
+identity hash, the size of the text and the hashes of its two ends.  Each
+API decides what its identity value and its text are; `digest_message`
+turns those into the digest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from llmp.format.canonical import EMPTY_HASH, dumps, hash_bytes, hash_text
+from llmp.format.measure import MV, SERVER
+from llmp.format.schema import (
+    MessageDigest,
+    RequestDigest,
+    ResponseDigest,
+    StreamKind,
+    ToolCallRef,
+    ToolDigest,
+)
+
+EDGE_CHARS = 256
+"""The head and tail windows of a message text, in Unicode scalar values (R5)."""
+
+__all__ = [
+    "EDGE_CHARS",
+    "FIELDS",
+    "ChatApi",
+    "CountHints",
+    "Counts",
+    "Merger",
+    "digest_message",
+    "edge_hashes",
+    "first_int",
+    "is_set",
+    "make_tool_digest",
+    "nonneg",
+    "tools_part",
+]
+
+
+# -- the interface -------------------------------------------------------------
+
+
+class Merger(Protocol):
+    """Folds a stream's parsed events into the API's non-streamed body."""
+
+    ended: bool
+    """The API's own end-of-stream event was seen (R29)."""
+
+    def add(self, event: dict[str, Any]) -> None:
+        """Fold one event (a JSON object) in; anything unexpected costs only that field."""
+
+    def result(self) -> dict[str, Any] | None:
+        """The merged body, or None when no event was added."""
+
+
+FIELDS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "reused_tokens",
+    "evaluated_tokens",
+    "prefill_ms",
+    "decode_ms",
+    "load_ms",
+)
+
+
+@dataclass(slots=True)
+class Counts:
+    """The seven counters of a report row; None means the server did not say."""
+
+    prompt_tokens: MV | None = None
+    completion_tokens: MV | None = None
+    reused_tokens: MV | None = None
+    evaluated_tokens: MV | None = None
+    prefill_ms: MV | None = None
+    decode_ms: MV | None = None
+    load_ms: MV | None = None
+    # Not in the report: how Ollama's prompt_eval_count was read.
+    meaning: str | None = None
+
+    def reported(self) -> list[str]:
+        """The fields the server itself reported."""
+        return [f for f in FIELDS if (v := getattr(self, f)) is not None and v[1] == SERVER]
+
+
+@dataclass(frozen=True, slots=True)
+class CountHints:
+    """What the analysis knows beyond the response, for counters that need it."""
+
+    estimated_prompt: MV = (0, "estimate")
+    """The prompt's size in composition units (tokenizer counts or estimates)."""
+    evaluated_share: float = 0.4
+    known_old: bool = False
+    """An earlier response proved Ollama's old prompt_eval_count meaning."""
+
+
+class ChatApi:
+    """One chat API.  Subclasses set the class attributes and the methods."""
+
+    name: ClassVar[str]
+    """The `api` value of its rows (R6, R21)."""
+    stream: ClassVar[StreamKind]
+    """How it streams: "sse" or "ndjson"."""
+
+    def matches(self, method: str, path: str) -> bool:
+        """Whether a request (its path without the query) belongs to this API."""
+        raise NotImplementedError
+
+    def request_digest(self, body: dict[str, Any]) -> RequestDigest:
+        """The request digest of a body (an object)."""
+        raise NotImplementedError
+
+    def merger(self) -> Merger:
+        """A fresh merger for one streamed response."""
+        raise NotImplementedError
+
+    def response_digest(self, body: dict[str, Any]) -> ResponseDigest:
+        """The response digest of a (merged) body: the counters verbatim, the reply's sizes."""
+        raise NotImplementedError
+
+    def counts(self, usage: dict[str, Any], hints: CountHints) -> Counts:
+        """The row's counters from the response digest's `usage`."""
+        raise NotImplementedError
+
+    def count_targets(self, body: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+        """What `--tokenize` counts: `{hash: text}` for the messages and for the tools."""
+        messages: dict[str, str] = {}
+        for digest, text in self.messages_with_text(body):
+            messages.setdefault(digest["hash"], text)
+        tools: dict[str, str] = {}
+        for tool in _list(body.get("tools")):
+            canon = self.tool_json(tool)
+            tools.setdefault(hash_bytes(canon), canon.decode("utf-8"))
+        return messages, tools
+
+    def messages_with_text(self, body: dict[str, Any]) -> list[tuple[MessageDigest, str]]:
+        """Each message's digest with its text (the text never leaves the process)."""
+        raise NotImplementedError
+
+    def tool_json(self, tool: Any) -> bytes:
+        """The canonical JSON a tool definition is hashed and sized by."""
+        return dumps(tool)
+
+    def context_limit(self, body: Any) -> int | None:
+        """A context size the request itself sets (full bodies only), if the API has one."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<api {self.name}>"
+
+
+# -- shared digest pieces --------------------------------------------------------
+
+
+def is_set(value: Any) -> bool:
+    """The spec's "set": present, not null, and not an empty string."""
+    return value is not None and value != ""
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def first_int(*values: Any) -> int | None:
+    """The first non-negative integer among the values (booleans are not integers)."""
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return int(value)
+    return None
+
+
+def nonneg(d: dict[str, Any], key: str) -> int | None:
+    """`d[key]` when it is a non-negative integer."""
+    v = d.get(key)
+    return v if type(v) is int and v >= 0 else None
+
+
+def edge_hashes(text: str) -> tuple[str, str]:
+    """The head and tail hashes of a text (R5)."""
+    if not text:
+        return EMPTY_HASH, EMPTY_HASH
+    if len(text) <= EDGE_CHARS:
+        whole = hash_text(text)
+        return whole, whole
+    return hash_text(text[:EDGE_CHARS]), hash_text(text[-EDGE_CHARS:])
+
+
+def digest_message(
+    role: Any,
+    identity: Any,
+    text: str,
+    tool_calls: list[ToolCallRef],
+    tool_call_id: Any = None,
+    name: Any = None,
+) -> MessageDigest:
+    """A message digest from its identity value (hashed as canonical JSON) and its text."""
+    head, tail = edge_hashes(text)
+    return {
+        "role": role,
+        "hash": hash_bytes(dumps(identity)),
+        "chars": len(text),
+        "head": head,
+        "tail": tail,
+        "tool_calls": tool_calls,
+        "tool_call_id": tool_call_id,
+        "name": name,
+    }
+
+
+def make_tool_digest(name: Any, canon: bytes) -> ToolDigest:
+    """A tool definition's name, and hash and size of its canonical JSON."""
+    return {"name": name, "hash": hash_bytes(canon), "chars": len(canon.decode("utf-8"))}
+
+
+def tools_part(api: ChatApi, tools: Any, name_of: Any) -> tuple[list[ToolDigest], str | None]:
+    """The `tools` digests and `tools_hash` of a tools array (None when there are none)."""
+    tool_list = _list(tools)
+    digests = [make_tool_digest(name_of(t), api.tool_json(t)) for t in tool_list]
+    if not tool_list:
+        return digests, None
+    return digests, hash_bytes(api.tool_json(tool_list))
+
+
+# -- shared merge pieces ------------------------------------------------------------
+
+
+class _Missing:
+    """Marker for "this key was never sent" (distinct from a sent ``null``)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+
+def index_of(value: Any, pos: int) -> int:
+    """An ``index`` field, or ``pos`` (position in its list) when it is not an integer."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return pos
+
+
+def first_non_empty(cur: Any, new: Any) -> Any:
+    """The first value that is neither null nor ``""``; else the first one sent."""
+    if cur is MISSING:
+        return new
+    if new is None or (isinstance(new, str) and not new):
+        return cur
+    if cur is None or (isinstance(cur, str) and not cur):
+        return new
+    return cur
+
+
+def last_non_null(store: dict[Any, Any], key: Any, value: Any) -> None:
+    """Keep ``value`` unless it is null and something was already kept."""
+    if value is not None or key not in store:
+        store[key] = value

@@ -1,0 +1,537 @@
+"""The OpenAI Chat Completions API: `POST /v1/chat/completions` (R6).
+
+llama-server, vLLM, SGLang, Ollama's `/v1`, LM Studio and most hosted
+servers speak it.  Its message shape (R4, R5) is also Ollama's, so
+`llmp.apis.ollama_chat` builds on this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmp.apis.base import (
+    MISSING,
+    ChatApi,
+    CountHints,
+    Counts,
+    digest_message,
+    first_int,
+    first_non_empty,
+    index_of,
+    is_set,
+    last_non_null,
+    make_tool_digest,
+    nonneg,
+    tools_part,
+)
+from llmp.format.canonical import dumps
+from llmp.format.measure import SERVER
+from llmp.format.schema import (
+    MessageDigest,
+    RequestDigest,
+    ResponseDigest,
+    ToolCallRef,
+    ToolDigest,
+)
+
+__all__ = [
+    "OpenAIChat",
+    "SSEMerger",
+    "content_text",
+    "message_digest",
+    "message_text",
+    "message_with_text",
+    "openai_counts",
+    "reply_message",
+    "tool_call_refs",
+    "tool_digest",
+]
+
+
+# -- the request digest (R4, R5) -------------------------------------------------
+
+
+def content_text(content: Any) -> str:
+    """The text of a content value: a string, or the joined text parts of an array."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict)
+            and part.get("type") == "text"
+            and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def _nonempty_list(value: Any) -> list[Any] | None:
+    return value if isinstance(value, list) and value else None
+
+
+def message_name(msg: dict[str, Any]) -> Any:
+    """`name`, or Ollama's `tool_name`."""
+    name = msg.get("name")
+    return name if name is not None else msg.get("tool_name")
+
+
+def message_text(msg: dict[str, Any]) -> str:
+    """R5: the content's text, then the canonical JSON of any tool calls."""
+    text = content_text(msg.get("content"))
+    calls = _nonempty_list(msg.get("tool_calls"))
+    if calls is not None:
+        text += dumps(calls).decode("utf-8")
+    return text
+
+
+def tool_call_refs(calls: Any) -> list[ToolCallRef]:
+    """`[{id, name}]` for each tool call; `id` is null when the server gave none."""
+    if not isinstance(calls, list):
+        return []
+    refs: list[ToolCallRef] = []
+    for call in calls:
+        if not isinstance(call, dict):
+            refs.append({"id": None, "name": None})
+            continue
+        fn = call.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if name is None:
+            name = call.get("name")
+        refs.append({"id": call.get("id"), "name": name})
+    return refs
+
+
+def message_digest(msg: Any) -> MessageDigest:
+    """One message's digest (R4, R5)."""
+    return message_with_text(msg)[0]
+
+
+def message_with_text(msg: Any) -> tuple[MessageDigest, str]:
+    """One message's digest (R4, R5), and its text."""
+    if not isinstance(msg, dict):
+        msg = {}
+    role = msg.get("role")
+    calls = _nonempty_list(msg.get("tool_calls"))
+    name = message_name(msg)
+    identity = [role, msg.get("content"), calls, name, msg.get("tool_call_id")]
+    text = message_text(msg)
+    return digest_message(
+        role, identity, text, tool_call_refs(calls), msg.get("tool_call_id"), name
+    ), text
+
+
+def tool_name(tool: Any) -> Any:
+    """`function.name`, or `name`."""
+    if not isinstance(tool, dict):
+        return None
+    fn = tool.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else None
+    return tool.get("name") if name is None else name
+
+
+def tool_digest(tool: Any) -> ToolDigest:
+    """A tool definition's digest: its name, and hash and size of its canonical JSON."""
+    return make_tool_digest(tool_name(tool), dumps(tool))
+
+
+def _response_format(body: dict[str, Any]) -> bool:
+    fmt = body.get("response_format")
+    if is_set(fmt):
+        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
+        if kind != "text":
+            return True
+    return is_set(body.get("format"))
+
+
+def reply_message(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The reply: `choices[0].message`, or Ollama's `message`."""
+    choices = body.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        msg = choices[0].get("message")
+        if isinstance(msg, dict):
+            return msg
+    msg = body.get("message")
+    return msg if isinstance(msg, dict) else None
+
+
+class OpenAIChat(ChatApi):
+    """`/v1/chat/completions`, `/chat/completions`, or a path ending in `/v1/chat/completions`."""
+
+    name = "openai_chat"
+    stream = "sse"
+    stream_default = False
+    """`params.stream` when the request does not say."""
+
+    def matches(self, method: str, path: str) -> bool:
+        return path in ("/v1/chat/completions", "/chat/completions") or path.endswith(
+            "/v1/chat/completions"
+        )
+
+    def messages_with_text(self, body: dict[str, Any]) -> list[tuple[MessageDigest, str]]:
+        messages = body.get("messages")
+        return [message_with_text(m) for m in messages] if isinstance(messages, list) else []
+
+    def request_digest(self, body: dict[str, Any]) -> RequestDigest:
+        stream = body.get("stream")
+        options = body.get("options")
+        model = body.get("model")
+        tools, tools_hash = tools_part(self, body.get("tools"), tool_name)
+        return {
+            "model": model if isinstance(model, str) else None,
+            "params": {
+                "max_tokens": first_int(
+                    body.get("max_tokens"),
+                    body.get("max_completion_tokens"),
+                    body.get("n_predict"),
+                    options.get("num_predict") if isinstance(options, dict) else None,
+                ),
+                "response_format": _response_format(body),
+                "grammar": is_set(body.get("grammar")) or is_set(body.get("json_schema")),
+                "stream": stream if isinstance(stream, bool) else self.stream_default,
+            },
+            "messages": [d for d, _ in self.messages_with_text(body)],
+            "tools": tools,
+            "tools_hash": tools_hash,
+        }
+
+    def merger(self) -> SSEMerger:
+        return SSEMerger()
+
+    def response_digest(self, body: dict[str, Any]) -> ResponseDigest:
+        usage = {k: v for k, v in body.items() if k not in ("choices", "message")}
+        reply = reply_message(body) or {}
+        reasoning = 0
+        for key in ("reasoning_content", "reasoning", "thinking"):
+            value = reply.get(key)
+            if isinstance(value, str):
+                reasoning = len(value)
+                break
+        return {
+            "usage": usage,
+            "output": {
+                "content_chars": len(content_text(reply.get("content"))),
+                "reasoning_chars": reasoning,
+                "tool_calls": tool_call_refs(reply.get("tool_calls")),
+            },
+        }
+
+    def counts(self, usage: dict[str, Any], hints: CountHints) -> Counts:
+        return openai_counts(usage)
+
+
+# -- the counters -----------------------------------------------------------------
+
+
+def _num(value: Any) -> float | None:
+    """A non-negative number as a plain float (a full record's RawFloat too)."""
+    if type(value) is float or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return float(value) if value >= 0 else None
+    return None
+
+
+def openai_counts(top: dict[str, Any]) -> Counts:
+    """llama-server, vLLM, SGLang, OpenRouter, DeepSeek, Ollama's /v1 (docs/analysis.md §4)."""
+    usage = top.get("usage")
+    if type(usage) is not dict:
+        usage = {}
+    timings = top.get("timings")
+    if type(timings) is not dict:
+        timings = {}
+
+    prompt = nonneg(usage, "prompt_tokens")
+    cache_n = nonneg(timings, "cache_n")
+    prompt_n = nonneg(timings, "prompt_n")
+    cached = hit = miss = None
+    if cache_n is None:
+        details = usage.get("prompt_tokens_details")
+        if type(details) is dict:
+            cached = nonneg(details, "cached_tokens")
+        if cached is None:
+            cached = nonneg(usage, "cached_tokens")
+        if cached is None:
+            hit = nonneg(usage, "prompt_cache_hit_tokens")
+            miss = nonneg(usage, "prompt_cache_miss_tokens")
+
+    if prompt is None:
+        if cache_n is not None and prompt_n is not None:
+            prompt = cache_n + prompt_n
+        elif hit is not None and miss is not None:
+            prompt = hit + miss
+    reused = cache_n if cache_n is not None else cached if cached is not None else hit
+    evaluated = prompt_n if prompt_n is not None else miss
+    if evaluated is None and prompt is not None and reused is not None:
+        evaluated = max(0, prompt - reused)
+    completion = nonneg(usage, "completion_tokens")
+    if completion is None:
+        completion = nonneg(timings, "predicted_n")
+    c = Counts(
+        None if prompt is None else (prompt, SERVER),
+        None if completion is None else (completion, SERVER),
+        None if reused is None else (reused, SERVER),
+        None if evaluated is None else (evaluated, SERVER),
+    )
+    timings_into(c, timings)
+    return c
+
+
+def timings_into(c: Counts, timings: dict[str, Any]) -> None:
+    """llama-server's `timings`: prompt_ms and predicted_ms (any API that carries them)."""
+    pm = _num(timings.get("prompt_ms"))
+    if pm is not None:
+        c.prefill_ms = (pm, SERVER)
+    dm = _num(timings.get("predicted_ms"))
+    if dm is not None:
+        c.decode_ms = (dm, SERVER)
+
+
+# -- the stream merge (R9) --------------------------------------------------------
+
+# Keys of a delta that are merged specially; the rest are last-non-null.
+_REASONING_KEYS = ("reasoning_content", "reasoning")
+_DELTA_SPECIAL = frozenset({"role", "content", "tool_calls", *_REASONING_KEYS})
+_CHOICE_SPECIAL = frozenset({"index", "delta", "message", "finish_reason", "text", "logprobs"})
+_TOOL_SPECIAL = frozenset({"index", "id", "type", "function"})
+_FUNCTION_SPECIAL = frozenset({"name", "arguments"})
+
+
+# --------------------------------------------------------------------------- SSE
+
+
+class _ToolCall:
+    """One tool call being assembled from its fragments (merged by ``index``)."""
+
+    __slots__ = ("args", "args_other", "extra", "fn_extra", "id", "name", "type")
+
+    def __init__(self) -> None:
+        self.id: Any = MISSING
+        self.type: Any = MISSING
+        self.name: Any = MISSING
+        self.args: list[str] = []
+        self.args_other: Any = MISSING  # non-string arguments, if a server sends objects
+        self.extra: dict[Any, Any] = {}
+        self.fn_extra: dict[Any, Any] = {}
+
+    def add(self, frag: dict[Any, Any]) -> None:
+        if "id" in frag:
+            self.id = first_non_empty(self.id, frag["id"])
+        if "type" in frag:
+            self.type = first_non_empty(self.type, frag["type"])
+        for key, value in frag.items():
+            if key not in _TOOL_SPECIAL:
+                last_non_null(self.extra, key, value)
+        fn = frag.get("function")
+        if not isinstance(fn, dict):
+            return
+        if "name" in fn:
+            self.name = first_non_empty(self.name, fn["name"])
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            self.args.append(args)
+        elif args is not None:
+            self.args_other = args
+        for key, value in fn.items():
+            if key not in _FUNCTION_SPECIAL:
+                last_non_null(self.fn_extra, key, value)
+
+    def result(self) -> dict[str, Any]:
+        if self.args or self.args_other is MISSING:
+            arguments: Any = "".join(self.args)
+        else:
+            arguments = self.args_other
+        function: dict[Any, Any] = {
+            "name": None if self.name is MISSING else self.name,
+            "arguments": arguments,
+        }
+        function.update(self.fn_extra)
+        out: dict[Any, Any] = {
+            "id": None if self.id is MISSING else self.id,
+            "type": None if self.type is MISSING else self.type,
+            "function": function,
+        }
+        out.update(self.extra)
+        return out
+
+
+class _Choice:
+    """One choice being assembled from its deltas (merged by ``index``)."""
+
+    __slots__ = (
+        "content",
+        "content_seen",
+        "extra",
+        "finish_reason",
+        "logprobs",
+        "msg_extra",
+        "reasoning",
+        "role",
+        "text",
+        "tools",
+    )
+
+    def __init__(self) -> None:
+        self.role: Any = MISSING
+        self.content: list[str] = []
+        self.content_seen = False
+        self.reasoning: dict[str, list[str]] = {}  # key the server used -> parts
+        self.tools: dict[int, _ToolCall] = {}
+        self.msg_extra: dict[Any, Any] = {}
+        self.finish_reason: Any = None
+        self.text: list[str] | None = None  # legacy completions' choice.text
+        self.logprobs: Any = MISSING
+        self.extra: dict[Any, Any] = {}
+
+    def add(self, choice: dict[Any, Any]) -> None:
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            delta = choice.get("message")  # a few servers stream whole messages
+        if isinstance(delta, dict):
+            self._add_delta(delta)
+        reason = choice.get("finish_reason")
+        if reason is not None:
+            self.finish_reason = reason
+        text = choice.get("text")
+        if isinstance(text, str):
+            if self.text is None:
+                self.text = []
+            self.text.append(text)
+        if "logprobs" in choice:
+            self._add_logprobs(choice["logprobs"])
+        for key, value in choice.items():
+            if key not in _CHOICE_SPECIAL:
+                last_non_null(self.extra, key, value)
+
+    def _add_delta(self, delta: dict[Any, Any]) -> None:
+        if "role" in delta:  # first non-null role (null only if nothing better came)
+            role = delta["role"]
+            if self.role is MISSING or (self.role is None and role is not None):
+                self.role = role
+        content = delta.get("content")
+        if isinstance(content, str):
+            self.content.append(content)
+            self.content_seen = True
+        for key in _REASONING_KEYS:
+            part = delta.get(key)
+            if isinstance(part, str):
+                self.reasoning.setdefault(key, []).append(part)
+        calls = delta.get("tool_calls")
+        if isinstance(calls, list):
+            for pos, frag in enumerate(calls):
+                if not isinstance(frag, dict):
+                    continue
+                index = index_of(frag.get("index"), pos)  # else: position in this delta
+                call = self.tools.get(index)
+                if call is None:
+                    call = self.tools[index] = _ToolCall()
+                call.add(frag)
+        for key, value in delta.items():
+            if key not in _DELTA_SPECIAL:
+                last_non_null(self.msg_extra, key, value)
+
+    def _add_logprobs(self, value: Any) -> None:
+        """Concatenate the per-token lists (``content``, ``refusal``) like a full reply."""
+        if value is None:
+            return
+        if not isinstance(value, dict):
+            self.logprobs = value
+            return
+        if not isinstance(self.logprobs, dict):
+            self.logprobs = {}
+        cur = self.logprobs
+        for key, item in value.items():
+            old = cur.get(key)
+            if isinstance(item, list):
+                if isinstance(old, list):
+                    old.extend(item)  # ``old`` is our own copy
+                else:
+                    cur[key] = list(item)
+            else:
+                last_non_null(cur, key, item)
+
+    def result(self, index: int) -> dict[str, Any]:
+        msg: dict[Any, Any] = {
+            "role": None if self.role is MISSING else self.role,
+            "content": "".join(self.content) if self.content_seen else None,
+        }
+        for key, parts in self.reasoning.items():
+            msg[key] = "".join(parts)
+        for key, value in self.msg_extra.items():
+            msg[key] = value
+        if self.tools:
+            msg["tool_calls"] = [self.tools[i].result() for i in sorted(self.tools)]
+        out: dict[Any, Any] = {"index": index}
+        if self.text is not None:
+            out["text"] = "".join(self.text)
+        out["message"] = msg
+        out["finish_reason"] = self.finish_reason
+        if self.logprobs is not MISSING:
+            lp = self.logprobs
+            out["logprobs"] = (
+                {k: list(v) if isinstance(v, list) else v for k, v in lp.items()}
+                if isinstance(lp, dict)
+                else lp
+            )
+        out.update(self.extra)
+        return out
+
+
+class SSEMerger:
+    """R9: merge OpenAI-style ``chat.completion.chunk`` events into one completion.
+
+    - ``object`` becomes ``"chat.completion"``; ``choices`` is rebuilt; every
+      other top-level key keeps its last non-null value (``usage``, ``timings``,
+      ``prompt_progress``, a mid-stream ``error``...), or ``null`` if only
+      ``null`` was sent.  ``choices`` is always present, ``[]`` if none came.
+    - Choices are merged by ``index`` (position in the list when missing) and
+      output sorted by it, each ``{"index", "message", "finish_reason", ...}``.
+    - ``message``: ``role`` first non-null; ``content`` concatenated, ``null``
+      if no delta carried a string; ``reasoning_content`` / ``reasoning``
+      concatenated under the key(s) the server used; ``tool_calls`` (only when
+      any were seen) merged by ``index`` in index order without ``index``;
+      other delta keys last-non-null.
+    - Tool call: ``id``, ``type``, ``function.name`` first non-empty (``null``
+      when never sent); ``function.arguments`` concatenated (``""`` when none).
+    - Choice level: ``finish_reason`` last non-null; ``logprobs`` merged like
+      the full response (its per-token lists concatenated, other keys
+      last-non-null); legacy ``text`` concatenated; other keys last-non-null.
+    """
+
+    __slots__ = ("_choices", "_count", "_top", "ended")
+
+    def __init__(self) -> None:
+        self.ended = False  # the end is `data: [DONE]`, which is no JSON event (StreamCapture)
+        self._top: dict[Any, Any] = {}  # first-seen key order, last non-null value
+        self._choices: dict[int, _Choice] = {}
+        self._count = 0
+
+    def add(self, event: dict[str, Any]) -> None:
+        """Fold one parsed event into the merge; non-objects are ignored."""
+        if not isinstance(event, dict):
+            return
+        self._count += 1
+        top = self._top
+        for key, value in event.items():
+            if key == "choices" or key == "object":
+                top.setdefault(key, None)  # remember its position only
+            else:
+                last_non_null(top, key, value)
+        choices = event.get("choices")
+        if not isinstance(choices, list):
+            return
+        for pos, choice in enumerate(choices):
+            if not isinstance(choice, dict):
+                continue
+            index = index_of(choice.get("index"), pos)
+            state = self._choices.get(index)
+            if state is None:
+                state = self._choices[index] = _Choice()
+            state.add(choice)
+
+    def result(self) -> dict[str, Any] | None:
+        """The merged completion, or None if no event was added."""
+        if not self._count:
+            return None
+        out: dict[Any, Any] = dict(self._top)
+        out["choices"] = [self._choices[i].result(i) for i in sorted(self._choices)]
+        out["object"] = "chat.completion"
+        return out

@@ -1,0 +1,120 @@
+"""The recording v1 record, typed: what a line holds, field by field.
+
+These TypedDicts are the contract of `../shared/spec/llmp-formats-v1.md` as
+Python types, for the writer (which builds records) and the reader (which
+reads them back).  A reader must still check every value it uses: a line
+can come from any producer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+RECORD_VERSION = 1
+
+FULL = "full"
+DIGEST = "digest"
+BODY_MODES = (DIGEST, FULL)
+
+# The `error` values (R13).
+UPSTREAM_UNREACHABLE = "upstream_unreachable"
+UPSTREAM_RESET = "upstream_reset"
+CLIENT_DISCONNECTED = "client_disconnected"
+TIMEOUT = "timeout"
+BODY_TOO_LARGE = "body_too_large"
+ERRORS = (UPSTREAM_UNREACHABLE, UPSTREAM_RESET, CLIENT_DISCONNECTED, TIMEOUT, BODY_TOO_LARGE)
+
+StreamKind = Literal["sse", "ndjson"]
+SSE: StreamKind = "sse"
+NDJSON: StreamKind = "ndjson"
+
+
+class ToolCallRef(TypedDict):
+    id: Any
+    name: Any
+
+
+class MessageDigest(TypedDict):
+    role: Any
+    hash: str
+    chars: int
+    head: str
+    tail: str
+    tool_calls: list[ToolCallRef]
+    tool_call_id: Any
+    name: Any
+
+
+class ToolDigest(TypedDict):
+    name: Any
+    hash: str
+    chars: int
+
+
+class Params(TypedDict):
+    max_tokens: int | None
+    response_format: bool
+    grammar: bool
+    stream: bool
+    previous_response: NotRequired[bool]  # R25: Responses only
+
+
+class RequestDigest(TypedDict):
+    model: str | None
+    params: Params
+    messages: list[MessageDigest]
+    tools: list[ToolDigest]
+    tools_hash: str | None
+
+
+class Output(TypedDict):
+    content_chars: int
+    reasoning_chars: int
+    tool_calls: list[ToolCallRef]
+
+
+class ResponseDigest(TypedDict):
+    usage: dict[str, Any]
+    output: Output
+
+
+class RequestPart(TypedDict):
+    method: str
+    path: str
+    headers: dict[str, str]
+    body_bytes: int
+    body: Any
+    body_text: str | None
+    digest: RequestDigest | None
+
+
+class ResponsePart(TypedDict):
+    status: int
+    headers: dict[str, str]
+    stream: StreamKind | None
+    chunks: int | None
+    bad_chunks: int | None
+    body_bytes: int
+    truncated: bool
+    body: Any
+    body_text: str | None
+    digest: ResponseDigest | None
+
+
+class Tokens(TypedDict):
+    messages: dict[str, int]
+    tools: dict[str, int]
+
+
+class Record(TypedDict):
+    v: int
+    id: int
+    conn: int
+    t_start_ms: int
+    t_first_byte_ms: int | None
+    t_first_event_ms: NotRequired[int | None]  # R28, additive: written by this recorder
+    t_end_ms: int
+    request: RequestPart
+    response: ResponsePart | None
+    error: str | None
+    tokens: Tokens | None
