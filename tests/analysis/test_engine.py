@@ -9,8 +9,8 @@ import orjson
 
 from llmp.analysis import Config, Engine
 from llmp.analysis.loss import Between
-from llmp.analysis.reader import parse_line
 from llmp.analysis.rows import Row
+from llmp.format.lines import parse_line
 from tests.support import scenarios as sc
 from tests.support.scenarios import analyse
 
@@ -27,10 +27,11 @@ def records(traffic: sc.Traffic) -> list[dict[str, Any]]:
 def test_rows_come_out_one_record_at_a_time(tmp_path: Path) -> None:
     tr = sc.title_side_call()
     seen: list[tuple[Row, Between | None]] = []
-    engine = Engine(spill=False, on_row=lambda row, btw: seen.append((row, btw)))
+    engine = Engine(spill=False)
     for rec in records(tr):
-        row = engine.feed(1, rec)
-        assert row is not None and seen[-1][0] is row  # the row exists as soon as its record
+        fed = engine.feed(1, rec)  # the row exists as soon as its record
+        assert fed is not None and fed.row.id == rec["id"] and fed.exchange.id == rec["id"]
+        seen.append((fed.row, fed.between))
     batch = analyse(tr, tmp_path)
     labels = engine.clients.label
     assert [row.as_json(labels(row.client)) for row, _ in seen] == batch["rows"]

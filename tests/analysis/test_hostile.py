@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmp.analysis import Engine, analyze
-from llmp.analysis.reader import parse_line
+from llmp.format.lines import parse_line
 from tests.support import scenarios as sc
 
 JSON = st.recursive(

@@ -10,8 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
-from llmp.analysis.reader import Recording, parse_line, read_all
+from llmp.analysis.reader import Recording, read_all
 from llmp.format.canonical import RawFloat, record_dumps
+from llmp.format.lines import parse_line
 from tests.support import scenarios as sc
 from tests.support.scenarios import Agent, LlamaServer, Traffic, work
 

@@ -25,13 +25,14 @@ from typing import Any
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from llmp.analysis.reader import parse_line, read_all
+from llmp.analysis.reader import read_all
 from llmp.apis.ndjson import NDJSONParser
 from llmp.apis.ollama_chat import NDJSONMerger
 from llmp.apis.openai_chat import SSEMerger
 from llmp.apis.sse import SSEParser
 from llmp.format import canonical
 from llmp.format.canonical import NotJSON
+from llmp.format.lines import parse_line
 from llmp.recorder.stream import StreamCapture
 
 FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

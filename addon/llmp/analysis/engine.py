@@ -8,7 +8,7 @@ one engine.  State is bounded by the number of live conversations.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import IO, Any
 
 from llmp.analysis.classify import SIDE_CALL, STATELESS, SUMMARISE, TURN, classify
@@ -25,7 +25,17 @@ from llmp.analysis.rows import Row
 from llmp.apis.base import CountHints, Counts
 from llmp.format.measure import SERVER, weakest
 
-RowHook = Callable[[Row, Between | None], None]
+
+@dataclass(slots=True)
+class Fed:
+    """What one record became: its row, and what ran since the turn it links to."""
+
+    row: Row
+    between: Between | None
+    """Rows that ran between this turn and `row.linked_to`; None for side-calls and
+    stateless rows, which are compared with nothing."""
+    exchange: Exchange
+    """The record as the analysis read it (hashes, sizes, counters; no text)."""
 
 
 class Engine:
@@ -38,7 +48,6 @@ class Engine:
         spill: bool = True,
         summaries: bool = True,
         report: bool = True,
-        on_row: RowHook | None = None,
     ) -> None:
         """`spill` keeps the rows for `--json`; `summaries` one line per
         conversation for the readable report; `report=False` keeps no totals
@@ -48,7 +57,6 @@ class Engine:
         self.totals = Totals(summaries)
         self.findings = Findings(self.cfg)
         self.spill: Spill | None = Spill() if spill else None
-        self.on_row = on_row
         self.report = report
         self.session: Session | None = None
         self.conversations = 0
@@ -56,16 +64,9 @@ class Engine:
 
     # -- input ------------------------------------------------------------
 
-    def feed(self, session: int, rec: dict[str, Any]) -> Row | None:
-        """Analyse one record of `session`; the row it became, or None if skipped."""
-        return self.feed_prepared(session, rec, prepare(rec, self._tools_cache))
-
-    def feed_prepared(self, session: int, rec: dict[str, Any], ex: Exchange | Skip) -> Row | None:
-        """`feed` with `prepare` already done by the caller.
-
-        `rec` needs only `id` and `t_start_ms`, but the whole record when
-        `ex` is a Skip of a chat request (`Session.skip` reads it).
-        """
+    def feed(self, session: int, rec: dict[str, Any]) -> Fed | None:
+        """Analyse one record of `session`: what it became, or None when it is no row."""
+        ex = prepare(rec, self._tools_cache)
         report = self.report
         if report:
             self.totals.record(rec["t_start_ms"])
@@ -87,9 +88,7 @@ class Engine:
             self.findings.add(row, btw, ex)
         if self.spill is not None:
             self.spill.write(row)
-        if self.on_row is not None:
-            self.on_row(row, btw)
-        return row
+        return Fed(row, btw, ex)
 
     def _row(self, s: Session, ex: Exchange) -> tuple[Row, Between | None]:
         cfg = self.cfg
@@ -242,4 +241,4 @@ class Engine:
             self.spill.close()
 
 
-__all__ = ["STATELESS", "Engine"]
+__all__ = ["STATELESS", "Engine", "Fed"]

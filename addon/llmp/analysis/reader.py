@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import heapq
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -21,24 +20,18 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-import orjson
-
-from llmp.format import canonical
+from llmp.format.lines import key_and_record, line_key, parse_line, with_number_text
 
 __all__ = [
     "NeedsExactOrder",
     "ReadStats",
     "Recording",
-    "parse_line",
     "read_all",
 ]
 
 WINDOW_LINES = 20_000
 WINDOW_BYTES = 64 << 20
 _PROGRESS_STEP = 1 << 20
-
-# How the recorder starts every line; anything else takes the slow path.
-_KEY_RE = re.compile(rb'\{"v":(\d+),"id":(\d+),"conn":-?\d+,"t_start_ms":(-?\d+)[,}]')
 
 
 class NeedsExactOrder(Exception):
@@ -54,68 +47,6 @@ class ReadStats:
     sessions: int = 0
     exact: bool = False
     bytes_total: int = 0
-
-
-def _key(line: bytes) -> tuple[int, int] | None:
-    """The sort key `(t_start_ms, id)` of a line, or None for a bad line."""
-    return _key_and_record(line)[0]
-
-
-def _key_and_record(line: bytes) -> tuple[tuple[int, int] | None, dict[str, Any] | None]:
-    """The sort key, and the parsed record when finding the key needed a parse.
-
-    Lines written the recorder's way give their key to a regex; any other
-    producer's lines are parsed once here, and the record is kept so that a
-    line released at once is not parsed twice.
-    """
-    m = _KEY_RE.match(line)
-    if m is not None:
-        if m.group(1) != b"1":
-            return None, None
-        return (int(m.group(3)), int(m.group(2))), None
-    try:
-        rec = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None, None
-    key = _valid_key(rec)
-    return key, rec if key is not None else None
-
-
-def _valid_key(rec: Any) -> tuple[int, int] | None:
-    if not isinstance(rec, dict):
-        return None
-    v, rid, t = rec.get("v"), rec.get("id"), rec.get("t_start_ms")
-    if type(v) is int and v == 1 and type(rid) is int and type(t) is int:
-        return t, rid
-    return None
-
-
-def parse_line(line: bytes) -> dict[str, Any] | None:
-    """Parse one recording line; None when it is a bad line.
-
-    Lines with a full request body are parsed a second time keeping number
-    text (R2), so that digests computed from them hash like the recorder's.
-    """
-    try:
-        rec: dict[str, Any] = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
-    if _valid_key(rec) is None:
-        return None
-    return _exact_numbers(rec, line)
-
-
-def _exact_numbers(rec: dict[str, Any], line: bytes) -> dict[str, Any]:
-    """The record again with number text kept, when it carries a full body."""
-    req = rec.get("request")
-    if isinstance(req, dict) and req.get("body") is not None:
-        try:
-            exact = canonical.loads(line)
-        except (ValueError, TypeError, RecursionError):  # NotJSON is a ValueError
-            exact = None  # orjson accepted it; keep that rather than drop it
-        if isinstance(exact, dict):
-            rec = exact
-    return rec
 
 
 def _blank(line: bytes) -> bool:
@@ -231,7 +162,7 @@ class Recording:
                 for line in f:
                     if _blank(line):
                         continue
-                    inp.first_key = _key(line)
+                    inp.first_key = line_key(line)
                     if inp.first_key is not None:
                         break
         far = (1 << 63, 1 << 63)
@@ -258,7 +189,7 @@ class Recording:
                     bar.advance(len(line))
                     if line[:1] != b"{" and _blank(line):
                         continue
-                    key, parsed = _key_and_record(line)
+                    key, parsed = key_and_record(line)
                     if key is None:
                         self.stats.bad_lines += 1
                         continue
@@ -269,7 +200,7 @@ class Recording:
                         # The usual case: the next record, in order; no need to wait.
                         if parsed is not None:
                             self.stats.records += 1
-                            rec: dict[str, Any] | None = _exact_numbers(parsed, line)
+                            rec: dict[str, Any] | None = with_number_text(parsed, line)
                         else:
                             rec = self._release(line)
                         if rec is not None:
@@ -331,7 +262,7 @@ class Recording:
                     n = len(line)
                     bar.advance(n)
                     if not _blank(line):
-                        key = _key(line)
+                        key = line_key(line)
                         if key is None:
                             self.stats.bad_lines += 1
                         else:

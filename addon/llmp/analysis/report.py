@@ -19,7 +19,7 @@ from llmp.analysis.classify import TURN
 from llmp.analysis.exchange import SKIP_REASONS, Exchange, Tools
 from llmp.analysis.findings import ToolStats
 from llmp.analysis.overflow import CONTEXT_OVERFLOW
-from llmp.analysis.rows import Row, join_spilled
+from llmp.analysis.rows import LossByCause, Row, join_spilled
 from llmp.apis.base import FIELDS
 from llmp.format.measure import MV, SERVER, Sum, as_json
 
@@ -68,13 +68,6 @@ class ConversationSummary:
 
 
 @dataclass
-class _Cause:
-    tokens: int = 0
-    ms: Sum = field(default_factory=Sum)
-    rows: int = 0
-
-
-@dataclass
 class _Client:
     requests: int = 0
     conversations: int = 0
@@ -102,9 +95,7 @@ class Totals:
         self.servers: dict[str, set[str]] = {}
         self._unseen: dict[str, list[str]] = {}
         self.prefill = Sum()
-        self.lost_ms = Sum()
-        self.lost_tokens = 0
-        self.by_cause: dict[str, _Cause] = {}
+        self.losses = LossByCause()
         self.composition: list[float] = [0, 0, 0, 0]
         self.clients: dict[int, _Client] = {}
         self.offers: dict[tuple[int, str], list[Any]] = {}
@@ -188,19 +179,7 @@ class Totals:
             self.side_calls += 1
         else:
             self.stateless += 1
-        if row.lost_client is None and row.lost_external is None:
-            return
-        for loss in (row.lost_client, row.lost_external):
-            if loss is None:
-                continue
-            self.lost_tokens += loss.tokens
-            self.lost_ms.add(loss.ms)
-            cause = self.by_cause.get(loss.cause)
-            if cause is None:
-                cause = self.by_cause[loss.cause] = _Cause()
-            cause.tokens += loss.tokens
-            cause.ms.add(loss.ms)
-            cause.rows += 1
+        self.losses.add(row)
 
     def _conversation(self, row: Row) -> None:
         assert row.conversation is not None
@@ -263,12 +242,12 @@ def build_header(
     prefill = totals.prefill.result()
     lost_ms: MV | None = None
     if totals.turns_with_timing:
-        lost_ms = totals.lost_ms.result()
+        lost_ms = totals.losses.ms.result()
         if lost_ms is None and prefill is not None:
             lost_ms = (0, prefill[1])  # timed, and nothing lost
     by_cause = {
         cause: {"tokens": c.tokens, "ms": as_json(c.ms.result()), "rows": c.rows}
-        for cause, c in sorted(totals.by_cause.items())
+        for cause, c in totals.losses.by_cause()
     }
 
     clients: dict[str, dict[str, Any]] = {}
@@ -338,7 +317,7 @@ def build_header(
         "time": {
             "prefill_ms": as_json(prefill),
             "lost_ms": as_json(lost_ms),
-            "lost_tokens": totals.lost_tokens,
+            "lost_tokens": totals.losses.tokens,
             "by_cause": by_cause,
         },
         "composition": dict(

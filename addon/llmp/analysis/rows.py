@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from llmp.apis.base import Counts
-from llmp.format.measure import MV, as_json
+from llmp.format.measure import MV, Sum, as_json
 
 COMPOSITION = ("system", "tools", "history", "new_content")
 
@@ -140,10 +140,52 @@ class Row:
         return out
 
 
+@dataclass(slots=True)
+class CauseTotal:
+    """What one cause cost, summed over rows."""
+
+    tokens: int = 0
+    ms: Sum = field(default_factory=Sum)
+    rows: int = 0
+
+
+class LossByCause:
+    """The losses of rows summed in total and per cause.
+
+    The one sum behind the report's `time.lost_*` and `time.by_cause`, and
+    behind the live view's summary, so the two always agree.
+    """
+
+    __slots__ = ("causes", "ms", "tokens")
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.ms = Sum()
+        self.causes: dict[str, CauseTotal] = {}
+
+    def add(self, row: Row) -> None:
+        """Sum a row's client and external losses."""
+        for loss in (row.lost_client, row.lost_external):
+            if loss is None:
+                continue
+            self.tokens += loss.tokens
+            self.ms.add(loss.ms)
+            total = self.causes.get(loss.cause)
+            if total is None:
+                total = self.causes[loss.cause] = CauseTotal()
+            total.tokens += loss.tokens
+            total.ms.add(loss.ms)
+            total.rows += 1
+
+    def by_cause(self) -> list[tuple[str, CauseTotal]]:
+        """The causes in name order."""
+        return sorted(self.causes.items())
+
+
 def join_spilled(line: bytes, labels: list[bytes]) -> bytes:
     """A spilled row with its client label put back."""
     key, head, tail = line.rstrip(b"\n").split(b"\t", 2)
     return head + b',"client":' + labels[int(key)] + b"," + tail
 
 
-__all__ = ["COMPOSITION", "Loss", "Row", "join_spilled"]
+__all__ = ["COMPOSITION", "CauseTotal", "Loss", "LossByCause", "Row", "join_spilled"]

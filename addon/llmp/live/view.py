@@ -36,7 +36,7 @@ from llmp.analysis.config import Config
 from llmp.analysis.engine import Engine
 from llmp.analysis.loss import STRUCTURAL, UNDETERMINED, Between
 from llmp.analysis.render import CAUSE_WORDS, SHAPE_WORDS, duration, join_names, short_model
-from llmp.analysis.rows import Loss, Row
+from llmp.analysis.rows import Loss, LossByCause, Row
 from llmp.format.lockfile import RecordingError, close_locked, open_locked, write_all
 from llmp.format.measure import MV, Sum, clean, weakest
 
@@ -531,13 +531,6 @@ class _Agg:
         }
 
 
-@dataclass
-class _Cause:
-    tokens: int = 0
-    ms: Sum = field(default_factory=Sum)
-    rows: int = 0
-
-
 # -- the live view -----------------------------------------------------------
 
 
@@ -569,17 +562,14 @@ class LiveView:
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
         self._closed = False
-        self._pending: tuple[Row, Between | None] | None = None
         # Rows only: no totals, findings or summaries to grow while a proxy runs for days.
-        self.engine = Engine(
-            analysis, spill=False, summaries=False, report=False, on_row=self._on_row
-        )
+        self.engine = Engine(analysis, spill=False, summaries=False, report=False)
         self.reorder = Reorder(first_id, self.cfg.reorder_records, self.cfg.reorder_bytes)
         self.ring: deque[dict[str, Any]] = deque(maxlen=max(1, self.cfg.ring))
         self.records = 0
         self.errors = 0
         self.totals = _Agg()
-        self.by_cause: dict[str, _Cause] = {}
+        self.losses = LossByCause()
         self.clients: dict[int, _Agg] = {}
         self._events: EventFile | None = None
         self._csv: CsvFile | None = None
@@ -642,9 +632,6 @@ class LiveView:
         for ev in events:
             self._emit(ev)
 
-    def _on_row(self, row: Row, btw: Between | None) -> None:
-        self._pending = (row, btw)
-
     def _feed(self, rec: dict[str, Any]) -> dict[str, Any] | None:
         """Analyse one record in id order; its event, or None when it is no row."""
         try:
@@ -654,14 +641,12 @@ class LiveView:
             return None
 
     def _analyse(self, rec: dict[str, Any]) -> dict[str, Any] | None:
-        self._pending = None
-        row = self.engine.feed(SESSION, rec)
+        fed = self.engine.feed(SESSION, rec)
         self.records += 1
-        if row is None:
+        if fed is None:
             return None
-        pending = self._pending
-        btw = pending[1] if pending is not None and pending[0] is row else None
-        ev = turn_event(row, btw, self.engine.clients.label)
+        row = fed.row
+        ev = turn_event(row, fed.between, self.engine.clients.label)
         ev["warn"] = over_threshold(ev, self.cfg.warn_ms, self.cfg.warn_tokens)
         self.totals.add(row, ev)
         client = self.clients.get(row.client)
@@ -669,14 +654,7 @@ class LiveView:
             client = self.clients[row.client] = _Agg()
         if client is not None:
             client.add(row, ev)
-        for loss in (row.lost_client, row.lost_external):
-            if loss is not None:
-                c = self.by_cause.get(loss.cause)
-                if c is None:
-                    c = self.by_cause[loss.cause] = _Cause()
-                c.tokens += loss.tokens
-                c.ms.add(loss.ms)
-                c.rows += 1
+        self.losses.add(row)
         self.ring.append(ev)
         return ev
 
@@ -722,7 +700,7 @@ class LiveView:
             **self.totals.as_json(),
             "by_cause": {
                 cause: {"tokens": c.tokens, "ms": _sum_value(c.ms), "rows": c.rows}
-                for cause, c in sorted(self.by_cause.items())
+                for cause, c in self.losses.by_cause()
             },
             "clients": list(clients.values()),
             "reorder": {

@@ -50,6 +50,7 @@ from typing import IO, Any
 import orjson
 
 from llmp.format import canonical
+from llmp.format.lines import parse_line
 from llmp.live.view import LINE_ATTR, LiveConfig, LiveError, LiveView
 from llmp.recorder.capture import Capture
 from llmp.recorder.record import build_record
@@ -83,15 +84,12 @@ def build_line(cap: Capture, mode: str) -> bytes:
         return canonical.record_dumps(fallback_record(cap, mode)) + b"\n"
 
 
-def read_line(line: bytes, mode: str) -> dict[str, Any]:
-    """A record line read back as a reader reads it: number text kept where bodies are (R2)."""
-    return canonical.loads(line) if mode == "full" else orjson.loads(line)
-
-
 def feed(view: LiveView, line: bytes, mode: str) -> None:
     """Give the live view one written record; a failure is logged, never raised."""
     try:
-        view.on_record(read_line(line, mode))
+        rec = parse_line(line)
+        if rec is not None:
+            view.on_record(rec)
     except Exception:
         log.exception("llmp: live view failed on a record; recording goes on")
 
