@@ -24,8 +24,8 @@ import httpx
 import pytest
 
 from llmp.analysis.render import CAUSE_WORDS, duration
-from llmp.live import view as live
-from llmp.live.view import SUMMARY_TAG, TURN_FIELDS, TURN_TAG
+from llmp.live import contract as live
+from llmp.live.contract import SUMMARY_TAG, TURN_FIELDS, TURN_TAG
 from llmp.recorder.addon import Recorder
 from tests.support.live_checks import analyze, check_event, lost, value
 from tests.support.mitm import Mitmdump, MitmdumpError, read_records
@@ -231,7 +231,7 @@ def test_events_need_the_live_view(llama: Upstream, tmp_path: Path) -> None:
     proxy = Mitmdump(llama.url, tmp_path / "rec.jsonl", opts, timeout=20)
     with pytest.raises(MitmdumpError):
         proxy.start()
-    assert "llmp_events and llmp_events_csv need the live view" in proxy.log_text()
+    assert "llmp_events, llmp_events_csv and llmp_live_log need the live view" in proxy.log_text()
     proxy.close()
     assert not (tmp_path / "ev.txt").exists()
 

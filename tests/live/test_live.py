@@ -19,21 +19,13 @@ from typing import Any
 import orjson
 import pytest
 
-from llmp.analysis.counters import Counts
 from llmp.analysis.render import CAUSE_WORDS
 from llmp.analysis.rows import Loss, Row
-from llmp.live import view as live
-from llmp.live.view import (
-    TURN_FIELDS,
-    CsvFile,
-    EventFile,
-    LiveConfig,
-    LiveError,
-    LiveView,
-    Reorder,
-    over_threshold,
-    request_line,
-)
+from llmp.apis.base import Counts
+from llmp.live.contract import TURN_FIELDS, LiveConfig, LiveError
+from llmp.live.eventfiles import CsvFile, EventFile, csv_cell
+from llmp.live.events import cause_text, over_threshold, request_line
+from llmp.live.view import LiveView, Reorder
 from llmp.recorder import options as llmp_options
 from llmp.recorder import proxy
 from tests.support import scenarios as sc
@@ -284,14 +276,14 @@ def test_cause_text_orders_losses_and_notes_undetermined() -> None:
         lost_client=Loss("tools_changed", 900, None),
         lost_external=Loss("server_empty", 100, None),
     )
-    assert live.cause_text(both, None, str) == (
+    assert cause_text(both, None, str) == (
         "tool definitions changed, and server lost its whole cache"
     )
     undetermined = _row(cause="undetermined", lost_external=Loss("server_empty", 500, None))
-    assert live.cause_text(undetermined, None, str) == (
+    assert cause_text(undetermined, None, str) == (
         "server lost its whole cache (or a failed chat request in between evicted it)"
     )
-    assert live.cause_text(_row(), None, str) is None
+    assert cause_text(_row(), None, str) is None
 
 
 def test_what_ran_in_between_names_clients_and_models(caplog: pytest.LogCaptureFixture) -> None:
@@ -427,7 +419,7 @@ def test_event_file_and_csv(tmp_path: Path) -> None:
     assert len(rows) == 6 and list(rows[0]) == list(TURN_FIELDS)
     for row, ev in zip(rows, turns, strict=True):
         for name in TURN_FIELDS:
-            assert row[name] == str(live.csv_cell(ev[name])), name
+            assert row[name] == str(csv_cell(ev[name])), name
     assert rows[4]["warn"] == "true" and rows[4]["cause"] == "side_call"
     assert rows[3]["conversation"] == ""  # the side-call: null is empty
 
@@ -515,7 +507,7 @@ def test_proxy_flags(tmp_path: Path) -> None:
     both = parser.parse_args(
         ["proxy", "--upstream", "127.0.0.1:8080", "--no-live", "--events", "x"]
     )
-    with pytest.raises(proxy.UsageError, match="--events and --events-csv need the live view"):
+    with pytest.raises(proxy.UsageError, match="--events, --events-csv and --live-log need the live view"):
         proxy.build_config(both)
     assert proxy._flagify("llmp_live_warn_ms, llmp_live, llmp_events_csv") == (
         "--warn-ms, --no-live, --events-csv"

@@ -1,11 +1,12 @@
-"""The live view in the builder child: same verdicts as in process, lines and summary relayed.
+"""The live view in the builder child: same verdicts as in process; lines written by the child.
 
 The writer builds records in a child process, and the live view runs there
-too, fed each record as it is built (llmp.recorder.builder). These tests drive a real
-`RecordWriter` with its real child, and check what reaches the parent: the
-per-request lines (in the parent's log), the summary (over the child's
-summary channel), and the event file the child writes, against a live view
-fed the written recording in this process.
+too, fed each record as it is built (llmp.recorder.child). These tests drive a
+real `RecordWriter` with its real child, and check what it produces: the
+per-request lines (which the child writes itself to the proxy's terminal, or
+to `llmp_live_log`), the summary (over the child's summary channel), and the
+event file the child writes, against a live view fed the written recording
+in this process.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,8 @@ import pytest
 from llmp.format import canonical
 from llmp.format.canonical import record_dumps
 from llmp.format.lockfile import open_locked
-from llmp.live.view import LINE_ATTR, LiveConfig, LiveError, LiveView
+from llmp.live.contract import LINE_ATTR, LiveConfig, LiveError
+from llmp.live.view import LiveView
 from llmp.recorder.capture import Capture
 from llmp.recorder.writer import LiveSpec, RecordingFile, RecordWriter
 from tests.support import scenarios as sc
@@ -64,6 +67,31 @@ def live_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if getattr(r, LINE_ATTR, False)]
 
 
+STAMP = re.compile(r"^\[\d\d:\d\d:\d\d\.\d{3}\] ")
+
+
+def terminal(path: Path) -> int:
+    """A file to stand in for the proxy's terminal (the child writes its lines there)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+
+def written_lines(path: Path) -> list[str]:
+    """The lines the child wrote, without mitmproxy's `[HH:MM:SS.mmm] ` time stamp."""
+    out = []
+    for line in path.read_text().splitlines():
+        assert STAMP.match(line), line
+        out.append(STAMP.sub("", line))
+    return out
+
+
+def wait_written(writer: RecordWriter, n: int) -> None:
+    for _ in range(1000):
+        if writer.written >= n:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{writer.written} of {n} records written")
+
+
 def in_process(
     path: Path, cfg: LiveConfig, mode: str = "digest"
 ) -> tuple[list[str], list[dict[str, Any]]]:
@@ -91,9 +119,11 @@ def test_the_child_runs_the_live_view(
     mode: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="llmp")
-    rec, ev_file = tmp_path / "rec.jsonl", tmp_path / "events.txt"
+    rec, ev_file, term = tmp_path / "rec.jsonl", tmp_path / "events.txt", tmp_path / "term"
     cfg = LiveConfig(warn_tokens=1, events=str(ev_file))
-    writer = RecordWriter(RecordingFile(str(rec)), mode)
+    fd = terminal(term)
+    writer = RecordWriter(RecordingFile(str(rec)), mode, terminal=fd)
+    os.close(fd)  # the child has its own copy
     assert writer._builder is not None
     writer.set_live(LiveSpec(cfg, first_id=1))
     # The child holds the event file; this process does not even have it open.
@@ -115,43 +145,80 @@ def test_the_child_runs_the_live_view(
 
     assert summary["body"] == mode
     want_lines, want_events = in_process(rec, cfg, mode)
-    got = live_lines(caplog)
+    got = written_lines(term)
+    # Every line, the summary line at shutdown last; none through this process's log.
     assert got == want_lines and any("llmp: warning:" in line for line in got)
-    assert [r.levelno for r in caplog.records if getattr(r, LINE_ATTR, False)] == [
-        logging.WARNING if "warning:" in line else logging.INFO for line in got
-    ]
+    assert got[-1].startswith("llmp: live view:")
+    assert live_lines(caplog) == [] and "llmp: live view:" not in caplog.text
     assert events(ev_file) == want_events
     assert summary["recent"] == want_events
     assert ev_file.read_text().splitlines()[-1].startswith("LLMP_SUMMARY ")
-    assert "llmp: live view:" in caplog.text  # the summary line at shutdown, relayed
 
 
-def test_held_lines_wait_for_the_relay(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """With `hold_logs` (the addon's setting), lines are logged when the loop asks."""
-    caplog.set_level(logging.INFO, logger="llmp")
-    writer = RecordWriter(RecordingFile(str(tmp_path / "rec.jsonl")), "digest")
-    writer.hold_logs = True
+def test_lines_are_written_as_records_are_built(tmp_path: Path) -> None:
+    """The child writes a record's line before it answers: nothing waits for the proxy."""
+    term = tmp_path / "term"
+    fd = terminal(term)
+    writer = RecordWriter(RecordingFile(str(tmp_path / "rec.jsonl")), "digest", terminal=fd)
+    os.close(fd)
     writer.set_live(LiveSpec(LiveConfig(), first_id=1))
     caps = captures(sc.clean_chat())
     for cap in caps:
         writer.submit(cap)
-    for _ in range(500):  # a record counts as written once its answer, logs included, is in
-        if writer.written == len(caps):
-            break
-        time.sleep(0.01)
-    assert writer.written == len(caps) and live_lines(caplog) == []
-    writer.relay_logs()
-    assert len(live_lines(caplog)) == len(caps)
-    writer.close()  # the shutdown's lines are relayed by close itself
-    assert "llmp: live view:" in caplog.text
+    wait_written(writer, len(caps))
+    assert len(written_lines(term)) == len(caps)
+    writer.close()
+    assert written_lines(term)[-1].startswith("llmp: live view:")
+
+
+def test_the_terminal_level_drops_info_lines(tmp_path: Path) -> None:
+    """`termlog_verbosity=warn`: only the warnings reach the terminal."""
+    term = tmp_path / "term"
+    fd = terminal(term)
+    writer = RecordWriter(RecordingFile(str(tmp_path / "rec.jsonl")), "digest", terminal=fd)
+    os.close(fd)
+    writer.set_live(LiveSpec(LiveConfig(warn_tokens=1, log_level=logging.WARNING), first_id=1))
+    caps = captures(sc.changed_system())
+    for cap in caps:
+        writer.submit(cap)
+    writer.close()
+    got = written_lines(term)
+    assert got and all(line.startswith("llmp: warning:") for line in got)
+
+
+def test_a_live_log_file_takes_the_lines(tmp_path: Path) -> None:
+    """`llmp_live_log`: the lines go to that file (0600), not to the terminal."""
+    term, live_log = tmp_path / "term", tmp_path / "live.log"
+    fd = terminal(term)
+    writer = RecordWriter(RecordingFile(str(tmp_path / "rec.jsonl")), "digest", terminal=fd)
+    os.close(fd)
+    writer.set_live(LiveSpec(LiveConfig(log_file=str(live_log)), first_id=1))
+    caps = captures(sc.clean_chat())
+    for cap in caps:
+        writer.submit(cap)
+    writer.close()
+    lines = written_lines(live_log)
+    assert len(lines) == len(caps) + 1 and lines[-1].startswith("llmp: live view:")
+    assert written_lines(term) == []
+    assert live_log.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_live_log_that_cannot_be_opened_is_a_live_error(tmp_path: Path) -> None:
+    writer = RecordWriter(RecordingFile(str(tmp_path / "rec.jsonl")), "digest")
+    with pytest.raises(LiveError, match="llmp_live_log"):
+        writer.set_live(LiveSpec(LiveConfig(log_file=str(tmp_path / "no" / "x")), first_id=1))
+    assert writer.live_summary() is None
+    writer.close()
 
 
 def test_a_dead_child_hands_the_live_view_over(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="llmp")
-    ev_file = tmp_path / "events.txt"
-    writer = RecordWriter(RecordingFile(str(tmp_path / "rec.jsonl")), "digest")
+    ev_file, term = tmp_path / "events.txt", tmp_path / "term"
+    fd = terminal(term)
+    writer = RecordWriter(RecordingFile(str(tmp_path / "rec.jsonl")), "digest", terminal=fd)
+    os.close(fd)
     writer.set_live(LiveSpec(LiveConfig(events=str(ev_file)), first_id=1))
     caps = captures(sc.clean_chat())
     half = len(caps) // 2
@@ -169,7 +236,9 @@ def test_a_dead_child_hands_the_live_view_over(
     assert writer._builder is None
     assert "live view restarted in the proxy's process" in caplog.text
     # Every request got its line: the first half from the child, the rest from here.
-    assert len(live_lines(caplog)) == len(caps)
+    assert len(written_lines(term)) == half
+    here = live_lines(caplog)
+    assert len(here) == len(caps) - half + 1 and here[-1].startswith("llmp: live view:")
     assert [e["id"] for e in events(ev_file)] == [c.id for c in caps]
 
 
@@ -213,19 +282,12 @@ def test_in_thread_writer_runs_the_live_view_itself(
     caplog.set_level(logging.INFO, logger="llmp")
     rec = tmp_path / "rec.jsonl"
     writer = RecordWriter(RecordingFile(str(rec)), "full", child=False)
-    writer.hold_logs = True  # its lines wait for the event loop, as the child's do
     cfg = LiveConfig(warn_tokens=1)
     writer.set_live(LiveSpec(cfg, first_id=1))
     caps = captures(sc.changed_system())
     for cap in caps:
         writer.submit(cap)
-    for _ in range(500):  # one held line per request, logged by nobody yet
-        if len(writer._held) == len(caps):
-            break
-        time.sleep(0.01)
-    assert len(writer._held) == len(caps) and live_lines(caplog) == []
-    writer.relay_logs()
-    assert len(live_lines(caplog)) == len(caps)
+    wait_written(writer, len(caps))
     writer.close()
     want_lines, _ = in_process(rec, cfg, "full")
     assert live_lines(caplog) == want_lines

@@ -26,7 +26,9 @@ from typing import Any
 import httpx
 import pytest
 
-from llmp.live.view import SUMMARY_TAG, TURN_TAG, csv_cell, request_line
+from llmp.live.contract import SUMMARY_TAG, TURN_TAG
+from llmp.live.eventfiles import csv_cell
+from llmp.live.events import request_line
 from tests.support.live_checks import analyze, check_event, value
 from tests.support.mitm import Mitmdump, read_records
 from tests.support.real import LlamaServer, real_server_marks

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llmp.live.view import TURN_FIELDS
+from llmp.live.contract import TURN_FIELDS
 
 LLMP = Path(sys.executable).parent / "llmp"
 

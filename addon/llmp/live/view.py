@@ -1,123 +1,49 @@
 """The recorder's live view: the analysis engine, fed each record as it is written.
 
-The writer thread calls `LiveView.on_record` with every record right after
-writing it.  Records reach the writer when their exchange *ends*, not in id
+Records reach the builder child when their exchange *ends*, not in id
 order, so a small reorder buffer releases them in id order to the very
 `Engine` that `llmp analyze` runs: a live verdict is the report's verdict,
 not a second copy of the linking and loss logic.
 
-Each row becomes one event: a flat dict with the LLMP_TURN fields
-(`TURN_FIELDS`, the contract in docs/live.md).  The event is logged as one
-line, kept in a bounded ring for `GET /_llmp/summary`, and appended to the
-optional event files.  Nothing here holds message text: only counts, client
-labels, model names and causes.
-
-Pure: no mitmproxy import; `llmp.recorder.addon` wires it in.
+Each row becomes one event (`llmp.live.events`): logged as one line, kept in
+a bounded ring for `GET /_llmp/summary`, and appended to the optional event
+files (`llmp.live.eventfiles`).  Pure: no mitmproxy import.
 """
 
 from __future__ import annotations
 
-import csv
 import heapq
-import io
 import logging
-import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from llmp.analysis.classify import SIDE_CALL, STATELESS, TURN
+from llmp.analysis.classify import SIDE_CALL, TURN
 from llmp.analysis.config import Config
 from llmp.analysis.engine import Engine
-from llmp.analysis.loss import STRUCTURAL, UNDETERMINED, Between
-from llmp.analysis.render import CAUSE_WORDS, SHAPE_WORDS, duration, join_names, short_model
-from llmp.analysis.rows import Loss, LossByCause, Row
-from llmp.format.lockfile import RecordingError, close_locked, open_locked, write_all
-from llmp.format.measure import MV, Sum, clean, weakest
+from llmp.analysis.rows import LossByCause, Row
+from llmp.format.measure import Sum
+from llmp.live.contract import (
+    LINE_ATTR,
+    MIB,
+    SESSION,
+    SUMMARY_TAG,
+    TURN_TAG,
+    VERSION,
+    LiveConfig,
+    LiveError,
+)
+from llmp.live.eventfiles import CsvFile, EventFile
+from llmp.live.events import count, over_threshold, request_line, summary_line, turn_event
+from llmp.live.sink import LineSink
 
 log = logging.getLogger("llmp")
-
-VERSION = 1
-"""Version of the LLMP_TURN and LLMP_SUMMARY objects and of the summary endpoint."""
-
-RESERVED_PREFIX = "/_llmp/"
-"""Paths the addon answers itself: never forwarded upstream, never recorded."""
-SUMMARY_PATH = "/_llmp/summary"
-TURN_TAG = "LLMP_TURN"
-SUMMARY_TAG = "LLMP_SUMMARY"
-SESSION = 1  # one proxy process is one session (R16)
-LINE_ATTR = "llmp_live_line"
-"""Set on the log record of every per-request line (see `llmp.recorder.addon`)."""
 _LINE = {LINE_ATTR: True}
-MIB = 1024 * 1024
-
-#: The LLMP_TURN fields, in order; also the CSV columns.  Every value is a
-#: scalar (or null, meaning not measured), so one list serves both encodings.
-TURN_FIELDS: tuple[str, ...] = (
-    "v",
-    "id",
-    "t_start_ms",
-    "kind",
-    "side_call_shape",
-    "client",
-    "model",
-    "served_model",
-    "conversation",
-    "turn",
-    "linked_to",
-    "new_conversation",
-    "compaction",
-    "break_cause",
-    "prompt_tokens",
-    "reused_tokens",
-    "evaluated_tokens",
-    "completion_tokens",
-    "prefill_ms",
-    "decode_ms",
-    "load_ms",
-    "counts_source",
-    "reuse",
-    "predicted_reuse",
-    "loss_measured",
-    "cause",
-    "lost_tokens",
-    "lost_ms",
-    "lost_client_cause",
-    "lost_client_tokens",
-    "lost_client_ms",
-    "lost_external_cause",
-    "lost_external_tokens",
-    "lost_external_ms",
-    "side_calls_between",
-    "other_conversations_between",
-    "other_models_between",
-    "cause_text",
-    "warn",
-)
-
-
-class LiveError(Exception):
-    """An event file cannot be used; the message says why, in one line."""
-
-
-@dataclass(frozen=True)
-class LiveConfig:
-    """What the live view is asked to do (from the recorder's options)."""
-
-    warn_ms: float = 2000
-    warn_tokens: int = 2000
-    events: str = ""
-    events_csv: str = ""
-    ring: int = 256
-    reorder_records: int = 1000
-    reorder_bytes: int = 64 * MIB
-    max_clients: int = 256
-
 
 # -- reordering --------------------------------------------------------------
 
@@ -203,268 +129,6 @@ class Reorder:
             self.bytes -= w
             out.append(rec)
             self.next_id += 1
-
-
-# -- one row, as an event and a line ------------------------------------------
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
-
-
-def _unique(items: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(items))
-
-
-def _ordered_losses(row: Row) -> tuple[Loss | None, Loss | None]:
-    """The loss that gave the row its cause, then the other one."""
-    if row.cause == STRUCTURAL or row.lost_external is None:
-        return row.lost_client, row.lost_external
-    return row.lost_external, row.lost_client
-
-
-def between_text(row: Row, btw: Between | None, label: Callable[[int], str]) -> str | None:
-    """What ran between a turn and the turn it links to, e.g.
-    "2 side-calls from aider/0.86 ran in between"; None when nothing did."""
-    if btw is None or not btw.entries:
-        return None
-    by_id = {e.id: e for e in btw.entries}
-    parts: list[str] = []
-    side = [by_id[i] for i in row.side_calls_between if i in by_id]
-    if side:
-        who = join_names(_unique(label(e.client) for e in side))
-        parts.append(f"{_count(len(side), 'side-call')} from {who}")
-    other = [by_id[i] for i in row.other_conversations_between if i in by_id]
-    if other:
-        who = join_names(_unique(label(e.client) for e in other))
-        parts.append(f"{_count(len(other), 'request')} of other conversations from {who}")
-    models = [by_id[i] for i in row.other_domains_between if i in by_id]
-    if models:
-        names = join_names(_unique(short_model(e.served) for e in models))
-        parts.append(f"{_count(len(models), 'request')} to {names}")
-    if not parts:
-        return None
-    return f"{join_names(parts)} ran in between"
-
-
-def cause_text(row: Row, btw: Between | None, label: Callable[[int], str]) -> str | None:
-    """The cause of a turn's loss in the readable report's words, and what ran in between."""
-    first, second = _ordered_losses(row)
-    if first is None:
-        first, second = second, None
-    if first is None:
-        return None
-    text = CAUSE_WORDS.get(first.cause, first.cause)
-    if second is not None:
-        text += f", and {CAUSE_WORDS.get(second.cause, second.cause)}"
-    if row.cause == UNDETERMINED:
-        text += " (or a failed chat request in between evicted it)"
-    ran = between_text(row, btw, label)
-    if ran is not None:
-        text += f"; {ran}"
-    return text
-
-
-def _int(mv: MV | None) -> int | None:
-    return None if mv is None else int(mv[0])
-
-
-def _val(mv: MV | None) -> float | None:
-    return None if mv is None else mv[0]
-
-
-def _loss_ms(loss: Loss | None) -> float | None:
-    return None if loss is None or loss.ms is None else loss.ms[0]
-
-
-def turn_event(row: Row, btw: Between | None, label: Callable[[int], str]) -> dict[str, Any]:
-    """The LLMP_TURN object of a row (without `warn`, which the thresholds decide)."""
-    c = row.counts
-    losses = [x for x in (row.lost_client, row.lost_external) if x is not None]
-    lost_tokens: int | None
-    lost_ms: float | None
-    if row.kind != TURN:
-        lost_tokens = lost_ms = None  # side-calls and stateless rows are compared with nothing
-    elif losses:
-        lost_tokens = sum(x.tokens for x in losses)
-        timed = [x.ms[0] for x in losses if x.ms is not None]
-        lost_ms = clean(sum(timed)) if len(timed) == len(losses) else None
-    elif row.loss_measured:
-        lost_tokens, lost_ms = 0, 0
-    else:
-        lost_tokens = lost_ms = None
-    prompt, reused, evaluated, prefill = (
-        c.prompt_tokens,
-        c.reused_tokens,
-        c.evaluated_tokens,
-        c.prefill_ms,
-    )
-    sources = [mv[1] for mv in (prompt, reused, evaluated, prefill) if mv is not None]
-    lc, le = row.lost_client, row.lost_external
-    return {
-        "v": VERSION,
-        "id": row.id,
-        "t_start_ms": row.t_start_ms,
-        "kind": row.kind,
-        "side_call_shape": row.side_call_shape,
-        "client": label(row.client),
-        "model": row.model,
-        "served_model": row.served,
-        "conversation": row.conversation,
-        "turn": row.turn,
-        "linked_to": row.linked_to,
-        "new_conversation": row.new_conversation,
-        "compaction": row.compaction,
-        "break_cause": row.break_cause,
-        "prompt_tokens": None if prompt is None else int(prompt[0]),
-        "reused_tokens": None if reused is None else int(reused[0]),
-        "evaluated_tokens": None if evaluated is None else int(evaluated[0]),
-        "completion_tokens": _int(c.completion_tokens),
-        "prefill_ms": None if prefill is None else prefill[0],
-        "decode_ms": _val(c.decode_ms),
-        "load_ms": _val(c.load_ms),
-        "counts_source": weakest(*sources) if sources else None,
-        "reuse": row.observed_reuse,
-        "predicted_reuse": row.predicted_reuse,
-        "loss_measured": row.loss_measured,
-        "cause": row.cause,
-        "lost_tokens": lost_tokens,
-        "lost_ms": lost_ms,
-        "lost_client_cause": None if lc is None else lc.cause,
-        "lost_client_tokens": None if lc is None else lc.tokens,
-        "lost_client_ms": _loss_ms(lc),
-        "lost_external_cause": None if le is None else le.cause,
-        "lost_external_tokens": None if le is None else le.tokens,
-        "lost_external_ms": _loss_ms(le),
-        "side_calls_between": len(row.side_calls_between),
-        "other_conversations_between": len(row.other_conversations_between),
-        "other_models_between": len(row.other_domains_between),
-        "cause_text": cause_text(row, btw, label) if losses else None,
-        "warn": False,
-    }
-
-
-def over_threshold(ev: dict[str, Any], warn_ms: float, warn_tokens: int) -> bool:
-    """A turn lost more than either threshold (tokens, or ms when timed)."""
-    tokens = ev.get("lost_tokens")
-    if ev.get("kind") != TURN or not tokens:
-        return False
-    ms = ev.get("lost_ms")
-    return bool(tokens > warn_tokens or (ms is not None and ms > warn_ms))
-
-
-def request_line(ev: dict[str, Any]) -> str:
-    """The log line of one event, e.g.
-    `llmp: aider/0.86 conv 2 turn 5: 12,304 prompt tokens, 97% reused, prefill 310 ms`."""
-    kind = ev["kind"]
-    who = ev["client"]
-    if kind == TURN:
-        head = f"{who} conv {ev['conversation']} turn {ev['turn']}"
-    elif kind == SIDE_CALL:
-        shape = ev.get("side_call_shape")
-        head = f"{who} side-call" + (f", {SHAPE_WORDS.get(shape, shape)}" if shape else "")
-    else:
-        head = f"{who} {STATELESS} request"
-    prompt = ev["prompt_tokens"]
-    facts = [f"{prompt:,} prompt tokens" if prompt is not None else "prompt tokens not reported"]
-    if kind == TURN:
-        reuse = ev["reuse"]
-        facts.append(f"{reuse:.0%} reused" if reuse is not None else "reuse not reported")
-    facts.append(f"prefill {duration(ev['prefill_ms'])}")
-    line = f"{head}: {', '.join(facts)}"
-    lost = ev.get("lost_tokens")
-    if lost:
-        line += f"; lost {lost:,} tokens ({duration(ev['lost_ms'])}): {ev['cause_text']}"
-    return ("llmp: warning: " if ev.get("warn") else "llmp: ") + line
-
-
-# -- event files ---------------------------------------------------------------
-
-
-class _LineFile:
-    """An append-only file of whole lines: created 0600, locked, one write per line.
-
-    A failed write stops this file (logged once); recording goes on.
-    """
-
-    def __init__(self, path: str, option: str) -> None:
-        self.path = path
-        self.option = option
-        self.failed = False
-        try:
-            self.fd = open_locked(path, option, "choose another file")
-        except RecordingError as exc:
-            raise LiveError(str(exc)) from None
-        size = os.fstat(self.fd).st_size
-        if size and os.pread(self.fd, 1, size - 1) != b"\n":
-            self.write(b"\n")  # close a partial line left by something else
-
-    def size(self) -> int:
-        return os.fstat(self.fd).st_size
-
-    def write(self, data: bytes) -> None:
-        if self.fd < 0 or self.failed:
-            return
-        try:
-            write_all(self.fd, data)
-        except OSError as exc:
-            self.failed = True
-            log.error(
-                "llmp: stopped writing %s to %s: %s; recording goes on",
-                self.option,
-                self.path,
-                exc.strerror or exc,
-            )
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            fd, self.fd = self.fd, -1
-            close_locked(fd)
-
-
-class EventFile(_LineFile):
-    """`LLMP_TURN {json}` per analysed request, `LLMP_SUMMARY {json}` at shutdown."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__(path, "llmp_events")
-
-    def put(self, tag: str, obj: dict[str, Any]) -> None:
-        self.write(tag.encode() + b" " + orjson.dumps(obj) + b"\n")
-
-
-def csv_cell(value: Any) -> Any:
-    """Empty for null, `true`/`false` for booleans: the JSON reading of each value."""
-    if value is None:
-        return ""
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    return value
-
-
-class CsvFile(_LineFile):
-    """The LLMP_TURN fields as CSV, with a header row; read by column name."""
-
-    HEADER = (",".join(TURN_FIELDS) + "\n").encode()
-
-    def __init__(self, path: str) -> None:
-        super().__init__(path, "llmp_events_csv")
-        if self.size() == 0:
-            self.write(self.HEADER)
-            return
-        with open(path, "rb") as fh:
-            first = fh.readline()
-        if first != self.HEADER:
-            self.close()
-            raise LiveError(
-                f"llmp_events_csv {path!r} already holds other columns; choose another file"
-            )
-
-    def put(self, ev: dict[str, Any]) -> None:
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerow(csv_cell(ev.get(f)) for f in TURN_FIELDS)
-        self.write(buf.getvalue().encode())
 
 
 # -- aggregates --------------------------------------------------------------
@@ -557,7 +221,11 @@ class LiveView:
         self.cfg = cfg or LiveConfig()
         self.body = body
         self._clock = clock
-        self._say = say or _log_line
+        # `llmp_live_log`: the lines go to that file, wherever the view runs.
+        self._sink = (
+            LineSink.open(self.cfg.log_file, self.cfg.log_level) if self.cfg.log_file else None
+        )
+        self._say = self._sink.say if self._sink is not None else say or _log_line
         self.started_ms = self._now()
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
@@ -581,6 +249,8 @@ class LiveView:
         except LiveError:
             if self._events is not None:
                 self._events.close()
+            if self._sink is not None:
+                self._sink.close()
             raise
 
     def _now(self) -> int:
@@ -626,7 +296,7 @@ class LiveView:
             log.info(
                 "llmp: live view: gave up waiting for %s after %d later ones; "
                 "going on without (llmp analyze places every record)",
-                _count(skipped, "record"),
+                count(skipped, "record"),
                 len(released),
             )
         for ev in events:
@@ -720,7 +390,7 @@ class LiveView:
         with self._lock:
             self._closed = True
         with self._io_lock:
-            for f in (self._events, self._csv):
+            for f in (self._events, self._csv, self._sink):
                 if f is not None:
                     f.close()
 
@@ -741,13 +411,15 @@ class LiveView:
             summary = self._summary(recent=False)
         for ev in events:
             self._emit(ev)
-        log.info("%s", summary_line(summary))
+        self._say(logging.INFO, summary_line(summary))
         with self._io_lock:
             if self._events is not None:
                 self._events.put(SUMMARY_TAG, summary)
                 self._events.close()
             if self._csv is not None:
                 self._csv.close()
+            if self._sink is not None:
+                self._sink.close()
         return summary
 
 
@@ -784,39 +456,4 @@ def _sum_value(s: Sum) -> float | None:
     return None if r is None else r[0]
 
 
-def summary_line(s: dict[str, Any]) -> str:
-    """The one line the live view logs at shutdown."""
-    if not s["requests"]:
-        return "llmp: live view: no chat request was analysed"
-    lost = s["lost_tokens"]
-    text = (
-        f"llmp: live view: {_count(s['turns'], 'turn')} in "
-        f"{_count(s['conversations'], 'conversation')}, {_count(s['side_calls'], 'side-call')}; "
-        f"prefill {duration(s['prefill_ms'])}"
-    )
-    if lost:
-        text += f", of which {duration(s['lost_ms'])} ({lost:,} tokens) lost"
-    return text + f"; {_count(s['warnings'], 'warning')}"
-
-
-__all__ = [
-    "RESERVED_PREFIX",
-    "SUMMARY_PATH",
-    "SUMMARY_TAG",
-    "TURN_FIELDS",
-    "TURN_TAG",
-    "VERSION",
-    "CsvFile",
-    "EventFile",
-    "LiveConfig",
-    "LiveError",
-    "LiveView",
-    "Reorder",
-    "between_text",
-    "cause_text",
-    "csv_cell",
-    "over_threshold",
-    "request_line",
-    "summary_line",
-    "turn_event",
-]
+__all__ = ["LiveView", "Reorder"]

@@ -20,7 +20,7 @@ import orjson
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.proxy import server_hooks
 
-from llmp.live import view as llmp_live
+from llmp.live import contract as llmp_live
 from llmp.recorder import options as llmp_options
 from llmp.recorder.capture import Capture, keep_headers, now_ms
 from llmp.recorder.errors import classify_error
@@ -29,8 +29,6 @@ from llmp.recorder.writer import LiveSpec, RecordingError, RecordingFile, Record
 log = logging.getLogger("llmp")
 
 READY = "llmp: recording to"
-RELAY_INTERVAL = 0.05
-"""Seconds between two turns of logging the live view's lines on the event loop."""
 _STATE = "llmp"  # key in flow.metadata
 _RESERVED = "llmp_reserved"  # flow.metadata key of a request for a /_llmp/ path
 _JSON = {"content-type": "application/json", "cache-control": "no-store"}
@@ -73,7 +71,6 @@ class Recorder:
         self._finished = False
         # Connect-timeout timers, and the client connections whose connect they gave up on.
         self._connect_timers: dict[str, asyncio.TimerHandle] = {}
-        self._relay_timer: asyncio.TimerHandle | None = None
         self._timed_out: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------
@@ -83,7 +80,11 @@ class Recorder:
             loader.add_option(spec.name, spec.type, spec.default, spec.help)
 
     def configure(self, updated: set[str]) -> None:
-        if self.settings is None or any(name.startswith("llmp_") for name in updated):
+        if (
+            self.settings is None
+            or "termlog_verbosity" in updated  # the child's lines follow the terminal's level
+            or any(name.startswith("llmp_") for name in updated)
+        ):
             try:
                 self._apply_settings()
             except exceptions.OptionsError as exc:
@@ -112,7 +113,6 @@ class Recorder:
             if self.writer is not None:
                 self.writer.close()  # with its live view: its LLMP_SUMMARY ends its part
             self.writer = RecordWriter(file, settings.body)
-            self.writer.hold_logs = self._relay_timer is not None
             self._live_key = None
         elif self.writer is not None:
             self.writer.mode = settings.body
@@ -144,13 +144,14 @@ class Recorder:
             warn_tokens=s.live_warn_tokens,
             events=s.events,
             events_csv=s.events_csv,
+            log_file=s.live_log,
+            log_level=_terminal_level(),
         )
         return LiveSpec(cfg, first_id=self._last_id + 1)
 
     def running(self) -> None:
         self._running = True
         _quiet_legacy_log_events()
-        self._start_relay()
         s = self.settings
         if s is not None:
             log.info(
@@ -170,30 +171,9 @@ class Recorder:
                     llmp_live.SUMMARY_PATH,
                 )
 
-    def _start_relay(self) -> None:
-        """Log the live view's lines on the event loop, every `RELAY_INTERVAL` seconds."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no loop (a test calling hooks by hand): the writer logs them itself
-        if self.writer is not None:
-            self.writer.hold_logs = True
-        self._relay_timer = loop.call_later(RELAY_INTERVAL, self._relay)
-
-    def _relay(self) -> None:
-        try:
-            if self.writer is not None:
-                self.writer.relay_logs()
-        finally:
-            if not self._finished:
-                loop = asyncio.get_running_loop()
-                self._relay_timer = loop.call_later(RELAY_INTERVAL, self._relay)
-
     def done(self) -> None:
         """Shutdown: in-flight exchanges are written as they stand (R13), then the file closes."""
         self._finished = True
-        if self._relay_timer is not None:
-            self._relay_timer.cancel()
         for timer in self._connect_timers.values():
             timer.cancel()
         if self.writer is None:
@@ -355,7 +335,21 @@ def _live_key(s: llmp_options.Settings) -> tuple[object, ...] | None:
     """What a change of which restarts the live view."""
     if not s.live:
         return None
-    return (s.live_warn_ms, s.live_warn_tokens, s.events, s.events_csv)
+    return (
+        s.live_warn_ms,
+        s.live_warn_tokens,
+        s.events,
+        s.events_csv,
+        s.live_log,
+        _terminal_level(),
+    )
+
+
+def _terminal_level() -> int:
+    """The level below which mitmproxy's terminal log drops lines (`termlog_verbosity`)."""
+    name = getattr(ctx.options, "termlog_verbosity", "info")
+    level = logging.getLevelName(str(name).upper())
+    return level if isinstance(level, int) else logging.INFO
 
 
 def _json_response(status: int, obj: dict[str, Any]) -> http.Response:

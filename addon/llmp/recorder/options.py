@@ -11,8 +11,14 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from llmp.format.schema import BODY_MODES, DIGEST
+from llmp.live.contract import WARN_MS, WARN_TOKENS
+
 MIB = 1024 * 1024
-BODY_MODES = ("digest", "full")
+LIMIT = 32 * MIB
+"""The default recording limit per body (R12)."""
+CONNECT_TIMEOUT = "10"
+"""The default connect timeout, in seconds (R13): a string, as mitmproxy options have no float."""
 
 
 @dataclass(frozen=True)
@@ -38,12 +44,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "",
         "Path of the llmp recording, appended to. Empty means llmp-<date>.jsonl.",
     ),
-    OptionSpec("llmp_body", str, "digest", "Body mode: 'digest' (hashes and counts) or 'full'."),
-    OptionSpec("llmp_limit", int, 32 * MIB, "Recording limit per body, in bytes."),
+    OptionSpec("llmp_body", str, DIGEST, "Body mode: 'digest' (hashes and counts) or 'full'."),
+    OptionSpec("llmp_limit", int, LIMIT, "Recording limit per body, in bytes."),
     OptionSpec(
         "llmp_connect_timeout",
         str,  # mitmproxy options have no float type; parsed by validate()
-        "10",
+        CONNECT_TIMEOUT,
         "Seconds to wait for the upstream connection before recording a timeout.",
     ),
     OptionSpec(
@@ -56,14 +62,20 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(
         "llmp_live_warn_ms",
         int,
-        2000,
+        WARN_MS,
         "Warn when a turn re-processed more than this many ms of prefill it could have reused.",
     ),
     OptionSpec(
         "llmp_live_warn_tokens",
         int,
-        2000,
+        WARN_TOKENS,
         "Warn when a turn re-processed more than this many tokens it could have reused.",
+    ),
+    OptionSpec(
+        "llmp_live_log",
+        str,
+        "",
+        "Write the live view's per-request lines to this file instead of the terminal.",
     ),
     OptionSpec(
         "llmp_events",
@@ -84,30 +96,38 @@ class OptionError(ValueError):
     """A bad option value; the message is the one-line reason shown to the user."""
 
 
+DEFAULTS: dict[str, Any] = {spec.name: spec.default for spec in OPTIONS}
+
+
 @dataclass(frozen=True)
 class Settings:
-    """Validated recorder settings."""
+    """Validated recorder settings (`validate` makes them; the defaults are in `OPTIONS`)."""
 
     file: str
     body: str
     limit: int
     connect_timeout: float
-    live: bool = True
-    live_warn_ms: int = 2000
-    live_warn_tokens: int = 2000
-    events: str = ""
-    events_csv: str = ""
+    live: bool
+    live_warn_ms: int
+    live_warn_tokens: int
+    live_log: str
+    events: str
+    events_csv: str
 
 
 def validate(values: dict[str, Any]) -> Settings:
-    """Check every option and return the settings, or raise `OptionError`."""
-    body = str(values.get("llmp_body", "digest")).strip().lower()
+    """Check every option and return the settings, or raise `OptionError`.
+
+    A missing value takes its default from `OPTIONS`.
+    """
+    values = {**DEFAULTS, **values}
+    body = str(values["llmp_body"]).strip().lower()
     if body not in BODY_MODES:
         raise OptionError(f"llmp_body must be 'digest' or 'full', not {values.get('llmp_body')!r}")
-    limit = values.get("llmp_limit", 32 * MIB)
+    limit = values["llmp_limit"]
     if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
         raise OptionError(f"llmp_limit must be a positive number of bytes, not {limit!r}")
-    raw_timeout = values.get("llmp_connect_timeout", "10")
+    raw_timeout = values["llmp_connect_timeout"]
     try:
         timeout = float(raw_timeout)
     except (TypeError, ValueError):
@@ -119,22 +139,31 @@ def validate(values: dict[str, Any]) -> Settings:
     if timeout > 3600:
         raise OptionError(f"llmp_connect_timeout must be at most 3600 seconds, not {timeout!r}")
     path = str(values.get("llmp_file") or "").strip() or default_file()
-    live = values.get("llmp_live", True)
+    live = values["llmp_live"]
     if not isinstance(live, bool):
         raise OptionError(f"llmp_live must be true or false, not {live!r}")
     warn: dict[str, int] = {}
     for name in ("llmp_live_warn_ms", "llmp_live_warn_tokens"):
-        value = values.get(name, 2000)
+        value = values[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise OptionError(f"{name} must be a whole number, 0 or more, not {value!r}")
         warn[name] = value
     events = str(values.get("llmp_events") or "").strip()
     events_csv = str(values.get("llmp_events_csv") or "").strip()
-    if (events or events_csv) and not live:
+    live_log = str(values.get("llmp_live_log") or "").strip()
+    if (events or events_csv or live_log) and not live:
         raise OptionError(
-            "llmp_events and llmp_events_csv need the live view, which llmp_live turns off"
+            "llmp_events, llmp_events_csv and llmp_live_log need the live view, "
+            "which llmp_live turns off"
         )
-    _distinct({"llmp_file": path, "llmp_events": events, "llmp_events_csv": events_csv})
+    _distinct(
+        {
+            "llmp_file": path,
+            "llmp_events": events,
+            "llmp_events_csv": events_csv,
+            "llmp_live_log": live_log,
+        }
+    )
     return Settings(
         file=path,
         body=body,
@@ -143,13 +172,19 @@ def validate(values: dict[str, Any]) -> Settings:
         live=live,
         live_warn_ms=warn["llmp_live_warn_ms"],
         live_warn_tokens=warn["llmp_live_warn_tokens"],
+        live_log=live_log,
         events=events,
         events_csv=events_csv,
     )
 
 
+def as_values(settings: Settings) -> dict[str, Any]:
+    """The option values that give these settings (each option `llmp_X` is field `X`)."""
+    return {spec.name: getattr(settings, spec.name.removeprefix("llmp_")) for spec in OPTIONS}
+
+
 def _distinct(paths: dict[str, str]) -> None:
-    """The recording and the event files must be three different files."""
+    """The recording, the event files and the live log must be different files."""
     seen: dict[str, str] = {}
     for name, path in paths.items():
         if not path:

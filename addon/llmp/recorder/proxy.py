@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from llmp.live.contract import WARN_MS, WARN_TOKENS
 from llmp.recorder import options as llmp_options
 
 DEFAULT_LISTEN = "127.0.0.1:8081"
@@ -43,6 +44,7 @@ FLAG_FOR_OPTION: dict[str, str] = {
     "llmp_live_warn_tokens": "--warn-tokens",
     "llmp_events": "--events",
     "llmp_events_csv": "--events-csv",
+    "llmp_live_log": "--live-log",
 }
 
 _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
@@ -201,18 +203,7 @@ class ProxyConfig:
         Each value takes the type the table declares, as `--set` would give it:
         mitmproxy type-checks options, and has no float type of its own.
         """
-        s = self.settings
-        values: dict[str, Any] = {
-            "llmp_file": s.file,
-            "llmp_body": s.body,
-            "llmp_limit": s.limit,
-            "llmp_connect_timeout": s.connect_timeout,
-            "llmp_live": s.live,
-            "llmp_live_warn_ms": s.live_warn_ms,
-            "llmp_live_warn_tokens": s.live_warn_tokens,
-            "llmp_events": s.events,
-            "llmp_events_csv": s.events_csv,
-        }
+        values = llmp_options.as_values(self.settings)
         return {spec.name: _as_type(spec.type, values[spec.name]) for spec in llmp_options.OPTIONS}
 
 
@@ -247,7 +238,11 @@ def build_config(args: argparse.Namespace) -> ProxyConfig:
         values["llmp_live_warn_ms"] = parse_count(args.warn_ms, "--warn-ms")
     if args.warn_tokens is not None:
         values["llmp_live_warn_tokens"] = parse_count(args.warn_tokens, "--warn-tokens")
-    for key, path in (("llmp_events", args.events), ("llmp_events_csv", args.events_csv)):
+    for key, path in (
+        ("llmp_events", args.events),
+        ("llmp_events_csv", args.events_csv),
+        ("llmp_live_log", args.live_log),
+    ):
         if path:
             values[key] = os.path.abspath(os.path.expanduser(path))
     try:
@@ -464,12 +459,15 @@ def register(sub: Any) -> None:
         "--full", action="store_true", help="keep request and response bodies (default: digests)"
     )
     parser.add_argument(
-        "--limit", metavar="BYTES", help="bytes kept per body, e.g. 32M (default 32M)"
+        "--limit",
+        metavar="BYTES",
+        help=f"bytes kept per body, e.g. 32M (default {llmp_options.LIMIT // llmp_options.MIB}M)",
     )
     parser.add_argument(
         "--connect-timeout",
         metavar="SECONDS",
-        help="upstream connect timeout before recording `timeout` (default 10)",
+        help="upstream connect timeout before recording `timeout` "
+        f"(default {llmp_options.CONNECT_TIMEOUT})",
     )
     parser.add_argument(
         "--no-live",
@@ -480,12 +478,17 @@ def register(sub: Any) -> None:
         "--warn-ms",
         metavar="MS",
         help="warn when a turn re-processed more than this many ms it could have reused "
-        "(default 2000)",
+        f"(default {WARN_MS})",
     )
     parser.add_argument(
         "--warn-tokens",
         metavar="N",
-        help="warn when a turn re-processed more than this many tokens (default 2000)",
+        help=f"warn when a turn re-processed more than this many tokens (default {WARN_TOKENS})",
+    )
+    parser.add_argument(
+        "--live-log",
+        metavar="FILE",
+        help="write the live view's per-request lines to FILE instead of the terminal",
     )
     parser.add_argument(
         "--events",

@@ -6,6 +6,8 @@ hashing), so it runs on the writer's thread, never on the client's path.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -16,6 +18,7 @@ from llmp.format.schema import CLIENT_DISCONNECTED, FULL, RECORD_VERSION
 from llmp.recorder.capture import Capture
 from llmp.recorder.stream import StreamCapture, sniff_stream
 
+log = logging.getLogger("llmp")
 _GENERIC_TYPES = ("", "application/octet-stream", "text/plain", "binary/octet-stream")
 
 
@@ -214,3 +217,18 @@ def build_record(cap: Capture, mode: str) -> dict[str, Any]:
         "error": cap.error,
         "tokens": None,
     }
+
+
+def fallback_record(cap: Capture, mode: str) -> dict[str, Any]:
+    """A record without bodies, for when building the real one failed: never lose an exchange."""
+    stripped = dataclasses.replace(cap, request_body=None, pieces=[], stored_bytes=0)
+    return build_record(stripped, mode)
+
+
+def build_line(cap: Capture, mode: str) -> bytes:
+    """The record's JSON line; without bodies when building the real one failed."""
+    try:
+        return canonical.record_dumps(build_record(cap, mode)) + b"\n"
+    except Exception:
+        log.exception("llmp: could not build record %s; writing it without bodies", cap.id)
+        return canonical.record_dumps(fallback_record(cap, mode)) + b"\n"

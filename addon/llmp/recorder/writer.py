@@ -9,21 +9,21 @@ bytes never wait for it.
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import dataclasses
 import logging
 import os
 import queue
 import threading
-from typing import Any
-
-import orjson
+from typing import TYPE_CHECKING, Any
 
 from llmp.format.lockfile import RecordingError, close_locked, open_locked, write_all
-from llmp.live.view import LiveConfig, LiveError, LiveView
-from llmp.recorder.builder import BuilderGone, ChildBuilder, build_line, feed, relay, replace_view
+from llmp.live.contract import LiveConfig, LiveError
+from llmp.recorder.builder import BuilderGone, ChildBuilder
 from llmp.recorder.capture import Capture
+
+if TYPE_CHECKING:
+    from llmp.live.view import LiveView
 
 __all__ = ["LiveSpec", "RecordWriter", "RecordingError", "RecordingFile", "open_locked"]
 
@@ -115,8 +115,6 @@ class RecordingFile:
 
 
 _STOP = object()
-MAX_HELD_LOGS = 10_000
-"""Answers' logs held for `relay_logs` at most; past that they are logged at once."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +144,11 @@ class RecordWriter:
     writer thread, after the record is written.
     """
 
-    def __init__(self, file: RecordingFile, mode: str, *, child: bool = True) -> None:
+    def __init__(
+        self, file: RecordingFile, mode: str, *, child: bool = True, terminal: int = 1
+    ) -> None:
+        """`terminal`: where the builder child writes the live view's lines (a file
+        descriptor, by default the proxy's stdout), unless `llmp_live_log` names a file."""
         self.file = file
         self.mode = mode
         self.written = 0
@@ -156,15 +158,11 @@ class RecordWriter:
         self._builder: ChildBuilder | None = None
         self._live: LiveSpec | None = None  # what was asked for, wherever it runs
         self._local: LiveView | None = None  # the live view, when it runs in this process
-        self.hold_logs = False
-        self._held: collections.deque[bytes] = collections.deque()
         if child:
             try:
-                self._builder = ChildBuilder()
+                self._builder = ChildBuilder(terminal)
             except BuilderGone as exc:
                 log.warning("llmp: building records in-thread: %s", exc)
-            else:
-                self._builder.on_logs = self._child_logs
         self._thread = threading.Thread(target=self._run, name="llmp-writer", daemon=True)
         self._thread.start()
 
@@ -196,32 +194,6 @@ class RecordWriter:
         if builder is None or self._live is None:
             return None
         return builder.summary()
-
-    def _say(self, level: int, line: str) -> None:
-        """A line of the live view when it runs here: held for the loop like the child's."""
-        self._child_logs(orjson.dumps([[level, line, True]]))
-
-    def _child_logs(self, payload: bytes) -> None:
-        if self.hold_logs and len(self._held) < MAX_HELD_LOGS:
-            self._held.append(payload)
-        else:
-            relay(payload)
-
-    def relay_logs(self) -> None:
-        """Log what the child logged (the live view's lines) since the last call.
-
-        With `hold_logs`, the proxy's event loop calls this now and then: a
-        line logged from this thread would make it take the GIL from the
-        event loop once more per record (writing the line to the terminal
-        releases the GIL and takes it back), which costs the proxy far more
-        than logging the same line on the loop (docs/live.md).
-        """
-        while True:
-            try:
-                payload = self._held.popleft()
-            except IndexError:
-                return
-            relay(payload)
 
     def _run(self) -> None:
         while True:
@@ -257,8 +229,10 @@ class RecordWriter:
             else:
                 self._live = spec
                 return
+        from llmp.recorder.child import replace_view  # the engine, only when it runs here
+
         old, self._local = self._local, None
-        self._local = replace_view(old, cfg, body=self.mode, first_id=first_id, say=self._say)
+        self._local = replace_view(old, cfg, body=self.mode, first_id=first_id)
         self._live = spec
 
     def _stop_child_live(self) -> None:
@@ -287,8 +261,10 @@ class RecordWriter:
         if spec is None:
             return
         first_id = next_id if next_id is not None else spec.first_id
+        from llmp.recorder.child import replace_view
+
         try:
-            self._local = LiveView(spec.cfg, body=self.mode, first_id=first_id, say=self._say)
+            self._local = replace_view(None, spec.cfg, body=self.mode, first_id=first_id)
             log.warning("llmp: live view restarted in the proxy's process from id %d", first_id)
         except LiveError as exc2:
             log.error("llmp: live view stopped: %s", exc2)
@@ -306,6 +282,8 @@ class RecordWriter:
             else:
                 if line:
                     return line
+        from llmp.recorder.record import build_line  # the child's work, done here
+
         return build_line(cap, self.mode)
 
     def _write(self, cap: Capture) -> None:
@@ -328,6 +306,8 @@ class RecordWriter:
             return
         self.written += 1
         if self._local is not None:
+            from llmp.recorder.child import feed
+
             feed(self._local, line, self.mode)
 
     def close(self, timeout: float = 30.0) -> None:
@@ -336,7 +316,6 @@ class RecordWriter:
         self._thread.join(timeout)
         if self._builder is not None and not self._thread.is_alive():
             self._builder.close()
-        self.relay_logs()
         if self._thread.is_alive():
             log.error(
                 "llmp: writer did not finish within %.0f s; some records may be missing", timeout

@@ -1,0 +1,145 @@
+"""The builder child: builds each record, and runs the live view on it.
+
+Started by `llmp.recorder.builder.ChildBuilder` as `python -m
+llmp.recorder.child SUMMARY_FD TERMINAL_FD`; the protocol is described
+there.  Everything heavy (parsing, merging, hashing, the analysis engine)
+is imported here, in the child, and never in the proxy's own process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from llmp.format.lines import parse_line
+from llmp.live.contract import LiveConfig, LiveError
+from llmp.live.sink import LineSink, SinkHandler
+from llmp.live.view import LiveView
+from llmp.recorder.builder import BUILD, FRAME, LIVE, LIVE_OFF, read_exact
+from llmp.recorder.record import build_line
+
+log = logging.getLogger("llmp")
+
+
+def feed(view: LiveView, line: bytes, mode: str) -> None:
+    """Give the live view one written record; a failure is logged, never raised."""
+    try:
+        rec = parse_line(line)
+        if rec is not None:
+            view.on_record(rec)
+    except Exception:
+        log.exception("llmp: live view failed on a record; recording goes on")
+
+
+def replace_view(
+    old: LiveView | None,
+    cfg: LiveConfig | None,
+    *,
+    body: str,
+    first_id: int,
+    say: Callable[[int, str], None] | None = None,
+) -> LiveView | None:
+    """The live view `cfg` asks for (None: none), in place of `old`, which is closed.
+
+    The old one closes first: the two may share an event file, which only one
+    can hold.  So a `LiveError` leaves no live view running.
+    """
+    if old is not None:
+        old.close()
+    return None if cfg is None else LiveView(cfg, body=body, first_id=first_id, say=say)
+
+
+class _Child:
+    """The child's state: the live view, if one runs, and the proxy's terminal."""
+
+    def __init__(self, terminal: LineSink) -> None:
+        self.view: LiveView | None = None
+        self.terminal = terminal
+        self.handler = SinkHandler(terminal)
+
+    def handle(self, request: tuple[Any, ...]) -> bytes:
+        op = request[0]
+        if op == BUILD:
+            _, mode, cap = request
+            line = build_line(cap, mode)
+            view = self.view
+            if view is not None:
+                view.body = mode
+                feed(view, line, mode)
+            return line
+        if op == LIVE:
+            _, cfg, body, first_id = request
+            try:
+                self._live(cfg, body, first_id)
+            except LiveError as exc:
+                return str(exc).encode()
+            return b""
+        if op == LIVE_OFF:
+            self._live(None, "", 0)
+            return b""
+        raise ValueError(f"unknown request {op!r}")
+
+    def _live(self, cfg: LiveConfig | None, body: str, first_id: int) -> None:
+        """Replace the live view; after a `LiveError` none runs."""
+        old, self.view = self.view, None
+        if cfg is not None:
+            self.terminal.level = cfg.log_level
+        self.view = replace_view(old, cfg, body=body, first_id=first_id, say=self.terminal.say)
+
+    def serve_summaries(self, sock: socket.socket) -> None:
+        """The summary channel: a byte in, the summary out, until the parent closes it."""
+        with sock:
+            while True:
+                try:
+                    if not sock.recv(1):
+                        return
+                    view = self.view
+                    data = view.summary_json() if view is not None else b""
+                    sock.sendall(FRAME.pack(len(data)) + data)
+                except OSError:
+                    return
+
+
+def main(argv: list[str]) -> None:
+    """The child: answer requests until stdin closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        os.nice(5)  # the proxy's own process comes first
+    except OSError:
+        pass
+    terminal = LineSink(int(argv[1]) if len(argv) > 1 else -1)
+    child = _Child(terminal)
+    log.addHandler(child.handler)
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    if argv:
+        sock = socket.socket(fileno=int(argv[0]))
+        threading.Thread(target=child.serve_summaries, args=(sock,), daemon=True).start()
+    fin, fout = sys.stdin.buffer, sys.stdout.buffer
+    while True:
+        try:
+            (size,) = FRAME.unpack(read_exact(fin, FRAME.size))
+            request = pickle.loads(read_exact(fin, size))
+        except EOFError:
+            break
+        try:
+            answer = child.handle(request)
+        except Exception:
+            log.exception("llmp: record builder failed on a request")
+            answer = b""
+        fout.write(FRAME.pack(len(answer)))
+        fout.write(answer)
+        fout.flush()
+    child._live(None, "", 0)  # the parent stops the view first; this is a safety net
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
