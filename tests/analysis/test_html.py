@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
@@ -14,7 +15,9 @@ from typing import Any
 import orjson
 import pytest
 
-from llmp.analysis.html import CAUSES, MAX_BARS, collect_changes, is_break, write_html
+from llmp.analysis import analyze
+from llmp.analysis.changes import MAX_CHANGES
+from llmp.analysis.html import CAUSES, MAX_BARS, is_break, write_html
 from llmp.analysis.render import CAUSE_WORDS, sentence
 from llmp.cli import main
 from tests.support import scenarios as sc
@@ -90,6 +93,17 @@ def report_of(path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     assert main(["analyze", str(path), "--json"]) == 0
     rep: dict[str, Any] = orjson.loads(capsys.readouterr().out)
     return rep
+
+
+def collect_changes(
+    paths: list[str], rep: dict[str, Any] | None = None, *, limit: int = MAX_CHANGES
+) -> list[dict[str, Any]]:
+    """The diffs `llmp analyze --html` collects in its pass over the recording."""
+    result = analyze(paths, rows=False, changes=limit)
+    try:
+        return result.change_list()
+    finally:
+        result.close()
 
 
 def page(
@@ -451,8 +465,12 @@ def test_without_changes_and_empty(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "The recording holds no records." in tree.root.all_text()
     assert not tree.root.find("g", "turn")
 
-    with pytest.raises(ValueError, match="standard input"):
-        collect_changes(["-"], rep)
+    # Standard input is read once, and the diffs come from that one pass.
+    rec_stdin = sc.changed_system().lines("digest")
+    result = analyze(["-"], rows=False, changes=MAX_CHANGES, stdin=io.BytesIO(b"".join(rec_stdin)))
+    from_stdin = result.change_list()
+    result.close()
+    assert from_stdin and from_stdin == collect_changes([str(rec)])
 
 
 def synthetic_report(conversations: int, turns_each: int) -> dict[str, Any]:

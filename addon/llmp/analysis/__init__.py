@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
+from llmp.analysis.changes import Changes
 from llmp.analysis.config import Config
 from llmp.analysis.engine import Engine
 from llmp.analysis.reader import ReadStats, read_all
@@ -24,6 +25,19 @@ class Analysis:
 
     engine: Engine
     stats: ReadStats
+    changes: Changes | None = None
+    """The "what changed" diffs, when `analyze` was asked for them."""
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The rows as report dicts, from the kept rows (`analyze(..., keep=True)`)."""
+        assert self.engine.kept is not None
+        label = self.engine.clients.label
+        return [row.as_json(label(row.client)) for row in self.engine.kept]
+
+    def change_list(self) -> list[dict[str, Any]]:
+        """The collected diffs, with the final client labels."""
+        assert self.changes is not None
+        return self.changes.result(self.engine.clients.label)
 
     def header(self) -> dict[str, Any]:
         """The report v1 without `rows`."""
@@ -53,20 +67,28 @@ def analyze(
     window_lines: int | None = None,
     rows: bool = True,
     summaries: bool | None = None,
+    keep: bool = False,
+    changes: int | None = None,
 ) -> Analysis:
     """Read the recordings and analyse every record.
 
     `rows=False` keeps no rows but a summary per conversation: what the
     readable report needs. `rows=True` keeps the rows for the report v1.
     `summaries=True` keeps the summaries as well (default: `not rows`).
+    `keep=True` holds the rows in memory too (for the HTML page), and
+    `changes=N` collects the "what changed" diffs of the N largest breaks.
     """
+    collected: list[Changes | None] = [None]
 
     def consume(records: Iterator[tuple[int, dict[str, Any]]]) -> Engine:
-        keep = not rows if summaries is None else summaries
-        engine = Engine(cfg, spill=rows, summaries=keep)
+        want = not rows if summaries is None else summaries
+        engine = Engine(cfg, spill=rows, summaries=want, keep=keep)
+        watch = collected[0] = Changes(changes) if changes is not None else None
         try:
             for session, rec in records:
-                engine.feed(session, rec)
+                fed = engine.feed(session, rec)
+                if watch is not None and fed is not None:
+                    watch(session, fed)
         except BaseException:
             engine.close()
             raise
@@ -86,4 +108,4 @@ def analyze(
     finally:
         if was_enabled:
             gc.enable()
-    return Analysis(engine, stats)
+    return Analysis(engine, stats, collected[0])

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from llmp.analysis import Analysis, analyze
+from llmp.analysis.changes import MAX_CHANGES
 from llmp.analysis.config import add_options, from_args
 from llmp.analysis.findings import KINDS
 
@@ -133,8 +134,10 @@ def run(args: argparse.Namespace) -> int:
             paths,
             cfg,
             progress=args.progress,
-            rows=args.json or html is not None,
+            rows=args.json,
             summaries=not args.json,
+            keep=html is not None,
+            changes=MAX_CHANGES if html is not None else None,
         )
     except OSError as exc:
         return _fail(str(exc))
@@ -145,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             _print_readable(result, header)
         if html is not None:
-            status = _write_html(result, header, paths, html)
+            status = _write_html(result, header, html)
             if status:
                 return status
     finally:
@@ -227,17 +230,14 @@ def _print_readable(result: Analysis, header: dict[str, Any]) -> None:
     )
 
 
-def _write_html(result: Analysis, header: dict[str, Any], paths: list[str], out: Path) -> int:
-    """The page, with the what-changed diffs unless the input was stdin (read once)."""
-    import orjson
-
-    from llmp.analysis.html import collect_changes, write_html
+def _write_html(result: Analysis, header: dict[str, Any], out: Path) -> int:
+    """The page, with the what-changed diffs collected in the same pass."""
+    from llmp.analysis.html import write_html
 
     report = dict(header)
-    report["rows"] = [orjson.loads(line) for line in result.engine.row_lines()]
-    changes = None if STDIN in paths else collect_changes(paths, report)
+    report["rows"] = result.rows()
     try:
-        write_html(report, out, changes=changes)
+        write_html(report, out, changes=result.change_list())
     except OSError as exc:
         return _fail(f"--html {out}: {exc.strerror or exc}")
     print(f"llmp analyze: wrote {out}", file=sys.stderr)

@@ -48,15 +48,18 @@ class Engine:
         spill: bool = True,
         summaries: bool = True,
         report: bool = True,
+        keep: bool = False,
     ) -> None:
         """`spill` keeps the rows for `--json`; `summaries` one line per
         conversation for the readable report; `report=False` keeps no totals
-        and no findings (the live view only wants rows, and runs for days)."""
+        and no findings (the live view only wants rows, and runs for days);
+        `keep` holds every row in `kept` (the HTML page draws them all)."""
         self.cfg = cfg or Config()
         self.clients = ClientRegistry()
         self.totals = Totals(summaries)
         self.findings = Findings(self.cfg)
         self.spill: Spill | None = Spill() if spill else None
+        self.kept: list[Row] | None = [] if keep else None
         self.report = report
         self.session: Session | None = None
         self.conversations = 0
@@ -88,6 +91,8 @@ class Engine:
             self.findings.add(row, btw, ex)
         if self.spill is not None:
             self.spill.write(row)
+        if self.kept is not None:
+            self.kept.append(row)
         return Fed(row, btw, ex)
 
     def _row(self, s: Session, ex: Exchange) -> tuple[Row, Between | None]:

@@ -106,6 +106,7 @@ class Exchange:
         "t_first_byte",
         "t_start",
         "tokmap",
+        "tool_digests",
         "tools",
         "top",
         "ua",
@@ -124,6 +125,7 @@ class Exchange:
     n_sys: int
     has_model_msgs: bool
     tools: Tools
+    tool_digests: list[Any]
     structured: bool
     max_tokens: int | None
     num_ctx: int | None
@@ -302,6 +304,7 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
         tools_tok = tt if isinstance(tt, dict) else None
     ex.tokmap = tokmap
     tools = digest.get("tools")
+    ex.tool_digests = tools if isinstance(tools, list) else []
     th = digest.get("tools_hash")
     if isinstance(tools, list) and tools:
         th = th if isinstance(th, str) else None
