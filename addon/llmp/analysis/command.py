@@ -23,7 +23,7 @@ from typing import IO, Any
 
 from llmp.analysis import Analysis, analyze
 from llmp.analysis.changes import MAX_CHANGES
-from llmp.analysis.config import add_options, from_args
+from llmp.analysis.config import Config, add_options, from_args
 from llmp.analysis.findings import KINDS
 
 STDIN = "-"
@@ -210,6 +210,15 @@ def _print_json(result: Analysis, header: dict[str, Any]) -> None:
         buf = io.BytesIO()
         write(buf)
         sys.stdout.write(buf.getvalue().decode("utf-8"))
+
+
+def print_readable(paths: list[str], cfg: Config | None = None) -> None:
+    """Analyse the recordings and print the readable report (what `llmp analyze` prints)."""
+    result = analyze(paths, cfg, progress=False, rows=False)
+    try:
+        _print_readable(result, result.header())
+    finally:
+        result.close()
 
 
 def _print_readable(result: Analysis, header: dict[str, Any]) -> None:

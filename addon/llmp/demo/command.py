@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from llmp.analysis.command import print_readable
+
 USER_AGENT = "llmp-demo-agent/1.0"
 TOOLS: list[dict[str, Any]] = [
     {
@@ -334,9 +336,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     show_recording(record)
     print()
-    from llmp.cli import main as llmp_main
-
-    return llmp_main(["analyze", str(record)])
+    print_readable([str(record)])
+    return 0
 
 
 def register(sub: Any) -> None:
