@@ -7,7 +7,7 @@ servers speak it.  Its message shape (R4, R5) is also Ollama's, so
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from llmp.apis.base import (
     MISSING,
@@ -30,6 +30,7 @@ from llmp.format.schema import (
     MessageDigest,
     RequestDigest,
     ResponseDigest,
+    StreamKind,
     ToolCallRef,
     ToolDigest,
 )
@@ -159,7 +160,7 @@ class OpenAIChat(ChatApi):
     """`/v1/chat/completions`, `/chat/completions`, or a path ending in `/v1/chat/completions`."""
 
     name = "openai_chat"
-    stream = "sse"
+    stream: ClassVar[StreamKind] = "sse"
     stream_default = False
     """`params.stream` when the request does not say."""
 
