@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmp.apis.anthropic_messages import AnthropicMessages
 from llmp.apis.base import ChatApi, CountHints, Counts, Merger
 from llmp.apis.ollama_chat import OllamaChat
 from llmp.apis.openai_chat import OpenAIChat
+from llmp.apis.openai_responses import OpenAIResponses
 from llmp.format.schema import NDJSON, SSE, RequestDigest, ResponseDigest
 
 __all__ = [
@@ -34,6 +36,8 @@ __all__ = [
 APIS: tuple[ChatApi, ...] = (
     OpenAIChat(),
     OllamaChat(),
+    AnthropicMessages(),
+    OpenAIResponses(),
 )
 """Every chat API, in the order they are tried."""
 

@@ -1,0 +1,450 @@
+"""The Anthropic Messages API: `POST /v1/messages` (R21-R24).
+
+Claude Code speaks it; llama-server, vLLM and Ollama serve it.  Its shape is
+not OpenAI's: the system prompt is a top-level value, content is an array of
+typed blocks, tool calls and their results are blocks too, and the
+`cache_control` markers a client moves from turn to turn are removed before
+anything is hashed, so that a moved marker never looks like rewritten history.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmp.apis.base import (
+    MISSING,
+    ChatApi,
+    CountHints,
+    Counts,
+    digest_message,
+    first_int,
+    is_set,
+    last_non_null,
+    nonneg,
+    tools_part,
+)
+from llmp.apis.openai_chat import timings_into
+from llmp.format import canonical
+from llmp.format.canonical import dumps
+from llmp.format.measure import SERVER
+from llmp.format.schema import MessageDigest, RequestDigest, ResponseDigest, ToolCallRef
+
+__all__ = [
+    "AnthropicMessages",
+    "MessagesMerger",
+    "anthropic_counts",
+    "block_text",
+    "content_text",
+    "strip_cache_control",
+]
+
+CACHE_CONTROL = "cache_control"
+
+
+# -- the request digest (R22) ------------------------------------------------------
+
+
+def strip_cache_control(value: Any) -> Any:
+    """A copy of a JSON value without any `cache_control` key, at every depth (R22).
+
+    The marker only tells the server where to cache; the prompt is the same
+    without it.  Values other than objects and arrays are shared, not copied.
+    """
+    if isinstance(value, dict):
+        return {k: strip_cache_control(v) for k, v in value.items() if k != CACHE_CONTROL}
+    if isinstance(value, list):
+        return [strip_cache_control(v) for v in value]
+    return value
+
+
+def _hashed_content(content: Any) -> Any:
+    """Content as hashed: a string is one text block (R22); markers removed."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return strip_cache_control(content)
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _text_blocks(content: Any) -> str:
+    """A `tool_result`'s content: a string, or its `text` blocks joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            _str(b.get("text")) for b in content if isinstance(b, dict) and b.get("type") == "text"
+        )
+    return ""
+
+
+def block_text(block: Any) -> str:
+    """One content block's share of the message text (R22).
+
+    `block` must already be free of `cache_control` (a `tool_use` block
+    counts as its canonical JSON).
+    """
+    if not isinstance(block, dict):
+        return ""
+    kind = block.get("type")
+    if kind == "text":
+        return _str(block.get("text"))
+    if kind == "thinking":
+        return _str(block.get("thinking"))
+    if kind == "tool_use":
+        return dumps(block).decode("utf-8")
+    if kind == "tool_result":
+        return _text_blocks(block.get("content"))
+    return ""
+
+
+def content_text(content: Any) -> str:
+    """A message's text: the string, or its blocks' texts joined without separator."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(block_text(b) for b in content)
+    return ""
+
+
+def _tool_use_refs(content: Any) -> list[ToolCallRef]:
+    """`[{id, name}]` of the `tool_use` blocks of a content array."""
+    if not isinstance(content, list):
+        return []
+    return [
+        {"id": b.get("id"), "name": b.get("name")}
+        for b in content
+        if isinstance(b, dict) and b.get("type") == "tool_use"
+    ]
+
+
+def _tool_result_id(content: Any) -> Any:
+    """The `tool_use_id` of the first `tool_result` block, else None."""
+    if isinstance(content, list):
+        for b in content:
+            if isinstance(b, dict) and b.get("type") == "tool_result":
+                return b.get("tool_use_id")
+    return None
+
+
+def _message_with_text(role: Any, content: Any) -> tuple[MessageDigest, str]:
+    """A digest from a role and content already normalised and stripped."""
+    text = content_text(content)
+    digest = digest_message(
+        role,
+        [role, content, None, None, None],
+        text,
+        _tool_use_refs(content),
+        _tool_result_id(content),
+        None,
+    )
+    return digest, text
+
+
+def _tool_name(tool: Any) -> Any:
+    return tool.get("name") if isinstance(tool, dict) else None
+
+
+def _response_format(body: dict[str, Any]) -> bool:
+    if is_set(body.get("output_format")):
+        return True
+    config = body.get("output_config")
+    return isinstance(config, dict) and is_set(config.get("format"))
+
+
+class AnthropicMessages(ChatApi):
+    """`/v1/messages`, or a path ending in it (`/v1/messages/count_tokens` is not chat)."""
+
+    name = "anthropic_messages"
+    stream = "sse"
+
+    def matches(self, method: str, path: str) -> bool:
+        return method.upper() == "POST" and path.endswith("/v1/messages")
+
+    def messages_with_text(self, body: dict[str, Any]) -> list[tuple[MessageDigest, str]]:
+        """The `system` value first (one message per block), then `messages` (R22)."""
+        out: list[tuple[MessageDigest, str]] = []
+        system = body.get("system")
+        if isinstance(system, str):
+            out.append(_message_with_text("system", _hashed_content(system)))
+        elif isinstance(system, list):
+            for block in system:
+                out.append(_message_with_text("system", [strip_cache_control(block)]))
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            for msg in messages:
+                if not isinstance(msg, dict):
+                    msg = {}
+                out.append(_message_with_text(msg.get("role"), _hashed_content(msg.get("content"))))
+        return out
+
+    def tool_json(self, tool: Any) -> bytes:
+        """A tool definition (or the tools array) as canonical JSON, without markers."""
+        return dumps(strip_cache_control(tool))
+
+    def request_digest(self, body: dict[str, Any]) -> RequestDigest:
+        stream = body.get("stream")
+        model = body.get("model")
+        tools, tools_hash = tools_part(self, body.get("tools"), _tool_name)
+        return {
+            "model": model if isinstance(model, str) else None,
+            "params": {
+                "max_tokens": first_int(body.get("max_tokens")),
+                "response_format": _response_format(body),
+                "grammar": False,
+                "stream": stream if isinstance(stream, bool) else False,
+            },
+            "messages": [d for d, _ in self.messages_with_text(body)],
+            "tools": tools,
+            "tools_hash": tools_hash,
+        }
+
+    def merger(self) -> MessagesMerger:
+        return MessagesMerger()
+
+    def response_digest(self, body: dict[str, Any]) -> ResponseDigest:
+        """R24: every top-level field but `content`; the reply is the message itself."""
+        usage = {k: v for k, v in body.items() if k != "content"}
+        content = body.get("content")
+        blocks: list[Any] = (
+            [{"type": "text", "text": content}]
+            if isinstance(content, str)
+            else content
+            if isinstance(content, list)
+            else []
+        )
+        text = thinking = 0
+        for b in blocks:
+            if not isinstance(b, dict):
+                continue
+            kind = b.get("type")
+            if kind == "text":
+                text += len(_str(b.get("text")))
+            elif kind == "thinking":
+                thinking += len(_str(b.get("thinking")))
+        return {
+            "usage": usage,
+            "output": {
+                "content_chars": text,
+                "reasoning_chars": thinking,
+                "tool_calls": _tool_use_refs(blocks),
+            },
+        }
+
+    def counts(self, usage: dict[str, Any], hints: CountHints) -> Counts:
+        return anthropic_counts(usage)
+
+
+# -- the counters (R24) -------------------------------------------------------------
+
+
+def anthropic_counts(top: dict[str, Any]) -> Counts:
+    """R24: `input_tokens` is the evaluated part, `cache_read_input_tokens` the reused one.
+
+    An absent (or null) cache counter adds nothing; without `input_tokens`
+    neither the prompt nor the evaluated part is known.
+    """
+    usage = top.get("usage")
+    if type(usage) is not dict:
+        usage = {}
+    inp = nonneg(usage, "input_tokens")
+    created = nonneg(usage, "cache_creation_input_tokens")
+    read = nonneg(usage, "cache_read_input_tokens")
+    completion = nonneg(usage, "output_tokens")
+    evaluated = None if inp is None else inp + (created or 0)
+    prompt = None if evaluated is None else evaluated + (read or 0)
+    c = Counts(
+        None if prompt is None else (prompt, SERVER),
+        None if completion is None else (completion, SERVER),
+        None if read is None else (read, SERVER),
+        None if evaluated is None else (evaluated, SERVER),
+    )
+    timings = top.get("timings")
+    if type(timings) is dict:
+        timings_into(c, timings)
+    return c
+
+
+# -- the stream merge (R23) -----------------------------------------------------------
+
+
+def _index(value: Any) -> int | None:
+    """An integer `index` (booleans are not), else None."""
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# The block type a delta implies, for a delta whose block never started.
+_DELTA_BLOCK = {
+    "text_delta": "text",
+    "thinking_delta": "thinking",
+    "signature_delta": "thinking",
+    "input_json_delta": "tool_use",
+}
+
+
+class _Block:
+    """One content block: its `content_block_start` value and the deltas since."""
+
+    __slots__ = ("base", "json", "signature", "text", "thinking")
+
+    def __init__(self, base: dict[Any, Any]) -> None:
+        self.base = base
+        self.text: list[str] | None = None
+        self.thinking: list[str] | None = None
+        self.json: list[str] | None = None
+        self.signature: Any = MISSING
+
+    def add(self, kind: Any, delta: dict[Any, Any]) -> None:
+        if kind == "text_delta":
+            part = delta.get("text")
+            if isinstance(part, str):
+                if self.text is None:
+                    self.text = []
+                self.text.append(part)
+        elif kind == "thinking_delta":
+            part = delta.get("thinking")
+            if isinstance(part, str):
+                if self.thinking is None:
+                    self.thinking = []
+                self.thinking.append(part)
+        elif kind == "input_json_delta":
+            part = delta.get("partial_json")
+            if isinstance(part, str):
+                if self.json is None:
+                    self.json = []
+                self.json.append(part)
+        elif kind == "signature_delta":
+            if "signature" in delta:
+                self.signature = delta["signature"]
+
+    def result(self) -> dict[Any, Any]:
+        out = dict(self.base)
+        if self.text is not None:
+            out["text"] = _str(out.get("text")) + "".join(self.text)
+        if self.thinking is not None:
+            out["thinking"] = _str(out.get("thinking")) + "".join(self.thinking)
+        if self.json is not None:
+            raw = "".join(self.json)
+            if raw:  # only empty fragments came: the start's input stands
+                try:
+                    out["input"] = canonical.loads(raw)  # number text kept (R2)
+                except (canonical.NotJSON, ValueError, RecursionError):
+                    out["input"] = raw
+        if self.signature is not MISSING:
+            out["signature"] = self.signature
+        return out
+
+
+class MessagesMerger:
+    """R23: merge Anthropic stream events into one non-streamed Message.
+
+    - The data's `type` decides (the SSE `event:` name never reaches here).
+    - `message_start`'s `message` is the base; its `content` blocks, if any,
+      are the first blocks.  `content_block_start` sets block `index`;
+      `content_block_delta` appends `text` / `thinking` / the tool input's
+      JSON text, or sets `signature`.  The input is that text parsed (number
+      text kept) when it parses, else the text; with no (non-empty) fragment
+      the start's `input` stays.  Blocks are output in index order.
+    - `message_delta`: its `delta` keys are set on the message, its `usage`
+      keys in `message.usage` (a null never erases a count), any other key
+      but `type` on the message (a server's `timings`).
+    - `error`: its `error` is kept as the message's `error`.
+    - `message_stop` sets `ended` (R29); `ping`, `content_block_stop` and
+      unknown events add nothing.
+    - An event without an integer `index` goes to a new block (start) or to
+      the last started one (delta).
+    """
+
+    __slots__ = ("_blocks", "_count", "_last", "_message", "_usage", "ended")
+
+    def __init__(self) -> None:
+        self.ended = False  # `message_stop` came (R29)
+        self._message: dict[Any, Any] = {}
+        self._usage: dict[Any, Any] | None = None  # message.usage, our own copy
+        self._blocks: dict[int, _Block] = {}
+        self._last: int | None = None  # the block started last
+        self._count = 0
+
+    def add(self, event: dict[str, Any]) -> None:
+        """Fold one parsed event into the merge; non-objects are ignored."""
+        if not isinstance(event, dict):
+            return
+        self._count += 1
+        kind = event.get("type")
+        if kind == "message_start":
+            self._start(event.get("message"))
+        elif kind == "content_block_start":
+            self._block_start(event)
+        elif kind == "content_block_delta":
+            self._block_delta(event)
+        elif kind == "message_delta":
+            self._message_delta(event)
+        elif kind == "error":
+            if "error" in event:
+                self._message["error"] = event["error"]
+        elif kind == "message_stop":
+            self.ended = True
+
+    def _start(self, message: Any) -> None:
+        if not isinstance(message, dict):
+            return
+        self._message = dict(message)
+        usage = message.get("usage")
+        self._usage = dict(usage) if isinstance(usage, dict) else None
+        content = message.get("content")
+        if isinstance(content, list):
+            for pos, block in enumerate(content):
+                if pos not in self._blocks and isinstance(block, dict):
+                    self._blocks[pos] = _Block(block)
+
+    def _block_start(self, event: dict[str, Any]) -> None:
+        index = _index(event.get("index"))
+        if index is None:
+            index = max(self._blocks) + 1 if self._blocks else 0
+        block = event.get("content_block")
+        self._blocks[index] = _Block(block if isinstance(block, dict) else {})
+        self._last = index
+
+    def _block_delta(self, event: dict[str, Any]) -> None:
+        delta = event.get("delta")
+        if not isinstance(delta, dict):
+            return
+        kind = delta.get("type")
+        implied = _DELTA_BLOCK.get(kind) if isinstance(kind, str) else None
+        if implied is None:
+            return  # citations_delta and the like: not part of the text
+        index = _index(event.get("index"))
+        if index is None:
+            index = self._last if self._last is not None else 0
+        block = self._blocks.get(index)
+        if block is None:  # a delta whose start never came: a block of its kind
+            block = self._blocks[index] = _Block({"type": implied})
+        block.add(kind, delta)
+
+    def _message_delta(self, event: dict[str, Any]) -> None:
+        message = self._message
+        delta = event.get("delta")
+        if isinstance(delta, dict):
+            for key, value in delta.items():
+                message[key] = value
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            if self._usage is None:
+                self._usage = {}
+                message.setdefault("usage", None)  # its place among the keys
+            for key, value in usage.items():
+                last_non_null(self._usage, key, value)
+        for key, value in event.items():
+            if key not in ("type", "delta", "usage"):
+                message[key] = value
+
+    def result(self) -> dict[str, Any] | None:
+        """The merged Message, or None if no event was added."""
+        if not self._count:
+            return None
+        out: dict[Any, Any] = dict(self._message)
+        out["content"] = [self._blocks[i].result() for i in sorted(self._blocks)]
+        if self._usage is not None:
+            out["usage"] = dict(self._usage)
+        return out

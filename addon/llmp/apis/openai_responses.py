@@ -1,0 +1,455 @@
+"""The OpenAI Responses API: `POST /v1/responses` (R21, R25-R27).
+
+Codex speaks it; llama-server, vLLM and Ollama serve it.  A request is a
+list of typed items (messages, function calls and their outputs, reasoning),
+each hashed whole; a stream is a sequence of typed events whose last
+`response.completed` already holds the whole response.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmp.apis.base import (
+    ChatApi,
+    CountHints,
+    Counts,
+    digest_message,
+    first_int,
+    is_set,
+    nonneg,
+    tools_part,
+)
+from llmp.apis.openai_chat import timings_into
+from llmp.format.canonical import dumps
+from llmp.format.measure import SERVER
+from llmp.format.schema import MessageDigest, RequestDigest, ResponseDigest, ToolCallRef
+
+__all__ = [
+    "OpenAIResponses",
+    "ResponsesMerger",
+    "item_text",
+    "reasoning_text",
+    "responses_counts",
+]
+
+
+# -- the request digest (R25) --------------------------------------------------------
+
+_TEXT_PARTS = ("input_text", "output_text", "text")  # a tuple: a part type may be unhashable
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _parts_text(value: Any) -> str:
+    """A string, or the `text` of its `input_text` / `output_text` / `text` parts joined."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(
+            _str(p.get("text"))
+            for p in value
+            if isinstance(p, dict) and p.get("type") in _TEXT_PARTS
+        )
+    return ""
+
+
+def _any_text(parts: Any) -> str:
+    """The `text` of every part of a list, whatever its type."""
+    if not isinstance(parts, list):
+        return ""
+    return "".join(_str(p.get("text")) for p in parts if isinstance(p, dict))
+
+
+def reasoning_text(item: dict[str, Any]) -> str:
+    """A `reasoning` item's text: its `summary` parts, then its `content` parts."""
+    return _any_text(item.get("summary")) + _any_text(item.get("content"))
+
+
+def _is_message(item: dict[str, Any]) -> bool:
+    """A message item: `type: "message"`, or the short form with a role and no type."""
+    kind = item.get("type")
+    return kind == "message" or (kind is None and item.get("role") is not None)
+
+
+def item_text(item: Any) -> str:
+    """One input item's text (R25)."""
+    if not isinstance(item, dict):
+        return ""
+    if _is_message(item):
+        return _parts_text(item.get("content"))
+    kind = item.get("type")
+    if kind == "function_call":
+        return dumps(item).decode("utf-8")
+    if kind == "function_call_output":
+        return _parts_text(item.get("output"))
+    if kind == "reasoning":
+        return reasoning_text(item)
+    return ""
+
+
+def _call_ref(item: dict[str, Any]) -> ToolCallRef:
+    return {"id": item.get("call_id"), "name": item.get("name")}
+
+
+def _item_with_text(item: Any) -> tuple[MessageDigest, str]:
+    """An item's digest: its role (or type), the whole item hashed, its text."""
+    if isinstance(item, dict):
+        role = item.get("role")
+        if role is None:
+            role = item.get("type")
+        kind = item.get("type")
+        calls = [_call_ref(item)] if kind == "function_call" else []
+        call_id = item.get("call_id") if kind == "function_call_output" else None
+    else:
+        role, calls, call_id = None, [], None
+    text = item_text(item)
+    return digest_message(role, [role, item, None, None, None], text, calls, call_id, None), text
+
+
+def _tool_name(tool: Any) -> Any:
+    """`name`, or `function.name` (the chat-completions shape)."""
+    if not isinstance(tool, dict):
+        return None
+    name = tool.get("name")
+    if name is None:
+        fn = tool.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+    return name
+
+
+def _response_format(body: dict[str, Any]) -> bool:
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    return is_set(kind) and kind != "text"
+
+
+_NOT_COUNTERS = frozenset(("output", "output_text", "instructions", "input", "tools", "prompt"))
+"""Top-level fields of a response that are no counters: the reply, and the request echoed."""
+
+
+class OpenAIResponses(ChatApi):
+    """`/v1/responses`, `/responses`, or a path ending in `/v1/responses`."""
+
+    name = "openai_responses"
+    stream = "sse"
+
+    def matches(self, method: str, path: str) -> bool:
+        return method.upper() == "POST" and (path == "/responses" or path.endswith("/v1/responses"))
+
+    def messages_with_text(self, body: dict[str, Any]) -> list[tuple[MessageDigest, str]]:
+        """`instructions` first (a system message), then each `input` item (R25)."""
+        out: list[tuple[MessageDigest, str]] = []
+        instructions = body.get("instructions")
+        if is_set(instructions):
+            out.append(_item_with_text({"role": "system", "content": instructions}))
+        inp = body.get("input")
+        if isinstance(inp, str):
+            out.append(_item_with_text({"role": "user", "content": inp}))
+        elif isinstance(inp, list):
+            out.extend(_item_with_text(item) for item in inp)
+        return out
+
+    def request_digest(self, body: dict[str, Any]) -> RequestDigest:
+        stream = body.get("stream")
+        model = body.get("model")
+        tools, tools_hash = tools_part(self, body.get("tools"), _tool_name)
+        return {
+            "model": model if isinstance(model, str) else None,
+            "params": {
+                "max_tokens": first_int(body.get("max_output_tokens")),
+                "response_format": _response_format(body),
+                "grammar": False,
+                "stream": stream if isinstance(stream, bool) else False,
+                # The server holds the start of this prompt; the request does not.
+                "previous_response": is_set(body.get("previous_response_id")),
+            },
+            "messages": [d for d, _ in self.messages_with_text(body)],
+            "tools": tools,
+            "tools_hash": tools_hash,
+        }
+
+    def merger(self) -> ResponsesMerger:
+        return ResponsesMerger()
+
+    def response_digest(self, body: dict[str, Any]) -> ResponseDigest:
+        """R27: every top-level field but `output` and `output_text`; the reply is `output`.
+
+        Nor the fields in which a server echoes the request (OpenAI's response
+        object repeats `instructions`, `input`, `tools`): digest mode writes no
+        message text (docs/recording.md).
+        """
+        usage = {k: v for k, v in body.items() if k not in _NOT_COUNTERS}
+        output = body.get("output")
+        content = reasoning = 0
+        calls: list[ToolCallRef] = []
+        for item in output if isinstance(output, list) else []:
+            if not isinstance(item, dict):
+                continue
+            kind = item.get("type")
+            if _is_message(item):
+                parts = item.get("content")
+                if isinstance(parts, list):
+                    content += sum(
+                        len(_str(p.get("text")))
+                        for p in parts
+                        if isinstance(p, dict) and p.get("type") == "output_text"
+                    )
+            elif kind == "reasoning":
+                reasoning += len(reasoning_text(item))
+            elif kind == "function_call":
+                calls.append(_call_ref(item))
+        return {
+            "usage": usage,
+            "output": {"content_chars": content, "reasoning_chars": reasoning, "tool_calls": calls},
+        }
+
+    def counts(self, usage: dict[str, Any], hints: CountHints) -> Counts:
+        return responses_counts(usage)
+
+
+# -- the counters (R27) ---------------------------------------------------------------
+
+
+def responses_counts(top: dict[str, Any]) -> Counts:
+    """R27: `input_tokens` is the whole prompt, `cached_tokens` the reused part of it."""
+    usage = top.get("usage")
+    if type(usage) is not dict:
+        usage = {}
+    prompt = nonneg(usage, "input_tokens")
+    details = usage.get("input_tokens_details")
+    cached = nonneg(details, "cached_tokens") if type(details) is dict else None
+    evaluated = None if prompt is None or cached is None else max(0, prompt - cached)
+    completion = nonneg(usage, "output_tokens")
+    c = Counts(
+        None if prompt is None else (prompt, SERVER),
+        None if completion is None else (completion, SERVER),
+        None if cached is None else (cached, SERVER),
+        None if evaluated is None else (evaluated, SERVER),
+    )
+    timings = top.get("timings")
+    if type(timings) is dict:
+        timings_into(c, timings)
+    return c
+
+
+# -- the stream merge (R26) -------------------------------------------------------------
+
+_END_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+# R26: the keys of an event that are its own, not the merged body's.
+_EVENT_KEYS = frozenset(
+    {
+        "type",
+        "response",
+        "item",
+        "delta",
+        "item_id",
+        "output_index",
+        "content_index",
+        "part",
+        "text",
+        "sequence_number",
+    }
+)
+# The other per-item payload keys of OpenAI's own events (function_call_arguments.done,
+# refusal.done, output_text.delta's logprobs, annotations, custom tool input,
+# partial images, ...).  They carry generated text or bulk, never a server's
+# counters, and digest mode keeps no text; so they stay off the body too.
+# An `error` event keeps all its keys (`code`, `message`, `param`).
+_PAYLOAD_KEYS = frozenset(
+    {
+        "annotation",
+        "annotation_index",
+        "arguments",
+        "code",
+        "input",
+        "logprobs",
+        "name",
+        "obfuscation",
+        "partial_image_b64",
+        "partial_image_index",
+        "refusal",
+        "summary_index",
+    }
+)
+_SKIPPED = _EVENT_KEYS | _PAYLOAD_KEYS
+
+
+def _index(value: Any) -> int | None:
+    """An integer index (booleans are not), else None."""
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class _Item:
+    """An output item announced by `output_item.added`, and its text deltas since."""
+
+    __slots__ = ("current", "done", "item", "parts", "texts")
+
+    def __init__(self, item: dict[Any, Any]) -> None:
+        self.item = item
+        self.done = False
+        self.parts: dict[int, dict[Any, Any]] = {}  # content_part.added, by content index
+        self.texts: dict[int, list[str]] = {}  # output_text.delta, by content index
+        self.current = 0  # the content index a delta without one goes to
+
+    def add_part(self, given: Any, part: Any) -> None:
+        index = _index(given)
+        if index is None:
+            known = set(self.parts) | set(self.texts)
+            index = max(known) + 1 if known else len(self._content())
+        if isinstance(part, dict):
+            self.parts[index] = part
+        self.current = index
+
+    def add_text(self, given: Any, delta: str) -> None:
+        index = _index(given)
+        if index is None:
+            index = self.current
+        self.texts.setdefault(index, []).append(delta)
+
+    def _content(self) -> list[Any]:
+        content = self.item.get("content")
+        return list(content) if isinstance(content, list) else []
+
+    def result(self) -> dict[Any, Any]:
+        out = dict(self.item)
+        if not self.parts and not self.texts:
+            return out
+        content = self._content()
+        for index in sorted(set(self.parts) | set(self.texts)):
+            base = self.parts.get(index)
+            inside = 0 <= index < len(content)
+            if base is None:
+                old = content[index] if inside else None
+                base = old if isinstance(old, dict) else {"type": "output_text", "text": ""}
+            part = dict(base)
+            if index in self.texts:
+                part["text"] = _str(part.get("text")) + "".join(self.texts[index])
+            if inside:
+                content[index] = part
+            else:
+                content.append(part)
+        out["content"] = content
+        return out
+
+
+class ResponsesMerger:
+    """R26: merge Responses stream events into the response object.
+
+    - The data's `type` decides (the SSE `event:` name never reaches here).
+    - The body is the `response` of the last `response.completed`,
+      `response.incomplete` or `response.failed` (each sets `ended`, R29).
+    - A cut stream: the last `response` seen, its `output` rebuilt from the
+      `output_item.done` items in order, then the items added and not done,
+      with the text of their `output_text.delta`s (placed by `content_index`,
+      else in the last part announced).  Items are matched by id, else by
+      `output_index` (llama-server sends neither index).
+    - Every other top-level key of an event is set on the body (llama-server's
+      `timings` beside `response`), except the event's own keys listed in R26
+      and OpenAI's per-item payload keys (`_PAYLOAD_KEYS`).
+    - An `error` event's `error` is the body's `error`; OpenAI's form, with
+      `code` and `message` at the top, becomes `{code, message, param}`.
+    """
+
+    __slots__ = (
+        "_by_id",
+        "_by_index",
+        "_count",
+        "_done_items",
+        "_extra",
+        "_final",
+        "_last_response",
+        "_pending",
+        "ended",
+    )
+
+    def __init__(self) -> None:
+        self.ended = False  # response.completed / incomplete / failed came (R29)
+        self._count = 0
+        self._final: dict[Any, Any] | None = None
+        self._last_response: dict[Any, Any] | None = None
+        self._done_items: list[Any] = []
+        self._pending: list[_Item] = []  # added items, in order
+        self._by_id: dict[str, _Item] = {}
+        self._by_index: dict[int, _Item] = {}
+        self._extra: dict[Any, Any] = {}
+
+    def add(self, event: dict[str, Any]) -> None:
+        """Fold one parsed event into the merge; non-objects are ignored."""
+        if not isinstance(event, dict):
+            return
+        self._count += 1
+        kind = event.get("type")
+        if not isinstance(kind, str):
+            kind = None  # an object or array type must not reach the set lookups
+        response = event.get("response")
+        if isinstance(response, dict):
+            self._last_response = response
+        if kind in _END_EVENTS:
+            self.ended = True
+            if isinstance(response, dict):
+                self._final = response
+        elif kind == "response.output_item.added":
+            item = event.get("item")
+            if isinstance(item, dict):
+                self._added(event, item)
+        elif kind == "response.output_item.done":
+            item = event.get("item")
+            if isinstance(item, dict):
+                self._done_items.append(item)
+                entry = self._find(item.get("id"), event.get("output_index"))
+                if entry is not None:
+                    entry.done = True
+        elif kind == "response.content_part.added":
+            entry = self._find(event.get("item_id"), event.get("output_index"))
+            if entry is not None:
+                entry.add_part(event.get("content_index"), event.get("part"))
+        elif kind == "response.output_text.delta":
+            delta = event.get("delta")
+            entry = self._find(event.get("item_id"), event.get("output_index"))
+            if entry is not None and isinstance(delta, str):
+                entry.add_text(event.get("content_index"), delta)
+        skip = _SKIPPED
+        if kind == "error":
+            skip = _EVENT_KEYS
+            if "error" not in event:
+                self._extra["error"] = {
+                    k: v for k, v in event.items() if k not in ("type", "sequence_number")
+                }
+        for key, value in event.items():
+            if key not in skip:
+                self._extra[key] = value
+
+    def _added(self, event: dict[str, Any], item: dict[Any, Any]) -> None:
+        entry = _Item(item)
+        self._pending.append(entry)
+        ident = item.get("id")
+        if isinstance(ident, str) and ident:
+            self._by_id[ident] = entry
+        index = _index(event.get("output_index"))
+        if index is not None:
+            self._by_index[index] = entry
+
+    def _find(self, ident: Any, index: Any) -> _Item | None:
+        if isinstance(ident, str) and ident in self._by_id:
+            return self._by_id[ident]
+        pos = _index(index)
+        return None if pos is None else self._by_index.get(pos)
+
+    def result(self) -> dict[str, Any] | None:
+        """The merged response, or None if no event was added."""
+        if not self._count:
+            return None
+        if self._final is not None:
+            out: dict[Any, Any] = dict(self._final)
+        else:
+            out = dict(self._last_response) if self._last_response is not None else {}
+            output = list(self._done_items)
+            output.extend(e.result() for e in self._pending if not e.done)
+            out["output"] = output
+        out.update(self._extra)
+        return out
