@@ -80,6 +80,7 @@ def test_full_stream_record() -> None:
         "conn",
         "t_start_ms",
         "t_first_byte_ms",
+        "t_first_event_ms",
         "t_end_ms",
         "request",
         "response",
@@ -242,3 +243,124 @@ def test_hangup_after_whole_plain_body() -> None:
     assert build_record(cap, "digest")["error"] is None
     cap = _with_pieces(_cap(error="client_disconnected", response_headers=headers), body[:10])
     assert build_record(cap, "digest")["error"] == "client_disconnected"
+
+
+# -- R28: when the first event arrived -------------------------------------------
+
+
+def _timed(cap: Capture, pieces: list[tuple[float, bytes]], limit: int = 1 << 20) -> Capture:
+    """Pieces with the times they arrived (the capture stamps them; here we set them)."""
+    for t, piece in pieces:
+        cap.add_piece(piece, limit)
+        cap.times[-1] = t
+    cap.t_first_byte_ms = int(pieces[0][0] * 1000)
+    return cap
+
+
+def test_first_event_after_keep_alive_comments() -> None:
+    """llama-server pings `:` every second while it reads the prompt; the first
+    event, not the first byte, ends the prefill (R28)."""
+    event = SSE.split(b"\n\n", 1)[0] + b"\n\n"
+    cap = _timed(
+        _cap(),
+        [
+            (1.0, b":\n\n"),
+            (2.0, b":\n\n"),
+            (3.5, event[:20]),
+            (4.25, event[20:]),
+            (5.0, b": x\n\n"),
+        ],
+    )
+    rec = build_record(cap, "digest")
+    assert rec["t_first_byte_ms"] == 1000
+    assert rec["t_first_event_ms"] == 4250  # the piece that completed the event
+
+
+def test_first_event_split_across_gzip_pieces() -> None:
+    """The decoded copy keeps its pieces apart, so each keeps its time."""
+    data = gzip.compress(b":\n\n" * 50 + SSE)
+    half = len(data) // 2
+    cap = _timed(
+        _cap(response_headers={"content-type": "text/event-stream", "content-encoding": "gzip"}),
+        [(1.0, data[:10]), (2.0, data[10:half]), (3.0, data[half:])],
+    )
+    cap.response_encoding = "gzip"
+    rec = build_record(cap, "digest")
+    assert rec["t_first_event_ms"] in (2000, 3000)
+    assert rec["response"]["chunks"] == 6
+
+
+def test_first_event_null_without_a_stream_or_an_event() -> None:
+    plain = _timed(
+        _cap(response_headers={"content-type": "application/json"}),
+        [(1.0, b'{"choices":[]}')],
+    )
+    assert build_record(plain, "digest")["t_first_event_ms"] is None
+    pings = _timed(_cap(), [(1.0, b":\n\n"), (2.0, b":\n\n")])
+    assert build_record(pings, "digest")["t_first_event_ms"] is None
+    assert build_record(_cap(status=None), "digest")["t_first_event_ms"] is None
+
+
+def test_first_event_of_an_ndjson_line_closed_by_the_end() -> None:
+    line = b'{"message":{"role":"assistant","content":"hi"},"done":true}'
+    cap = _timed(
+        _cap(path="/api/chat", response_headers={"content-type": "application/x-ndjson"}),
+        [(1.0, line[:10]), (2.5, line[10:])],
+    )
+    assert build_record(cap, "digest")["t_first_event_ms"] == 2500
+
+
+# -- R29: a stream that reached its end is complete ------------------------------
+
+ANTHROPIC_STREAM = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":"m","type":"message",'
+    b'"role":"assistant","content":[],"model":"m.gguf","usage":{"input_tokens":5,'
+    b'"cache_read_input_tokens":0,"output_tokens":0}}}\n\n'
+    b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+    b'"content_block":{"type":"text","text":""}}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+    b'"delta":{"type":"text_delta","text":"Hi"}}\n\n'
+    b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+    b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
+    b'"usage":{"output_tokens":1}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+)
+
+RESPONSES_STREAM = (
+    b'event: response.created\ndata: {"type":"response.created","response":{"id":"r",'
+    b'"object":"response","status":"in_progress"}}\n\n'
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+    b'"item_id":"msg_1","delta":"Hi"}\n\n'
+    b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"r",'
+    b'"object":"response","status":"completed","model":"m.gguf","output":[{"type":"message",'
+    b'"id":"msg_1","role":"assistant","content":[{"type":"output_text","text":"Hi"}]}],'
+    b'"usage":{"input_tokens":9,"output_tokens":1,"input_tokens_details":{"cached_tokens":4}}},'
+    b'"timings":{"prompt_n":5,"cache_n":4,"prompt_ms":3.5}}\n\n'
+)
+
+
+def test_hangup_after_the_end_event_is_complete_for_every_api() -> None:
+    """Codex hangs up right after `response.completed` (R29); the record is whole."""
+    for path, stream in (
+        ("/v1/messages?beta=true", ANTHROPIC_STREAM),
+        ("/v1/responses", RESPONSES_STREAM),
+        ("/v1/chat/completions", SSE),
+    ):
+        for error in ("client_disconnected", "upstream_reset"):
+            cap = _with_pieces(_cap(path=path), stream)
+            cap.error = error
+            rec = build_record(cap, "digest")
+            assert rec["error"] is None, (path, error)
+            assert rec["response"]["digest"] is not None
+
+
+def test_hangup_before_the_end_event_stays_an_error() -> None:
+    for path, stream, end in (
+        ("/v1/messages", ANTHROPIC_STREAM, b"event: message_stop"),
+        ("/v1/responses", RESPONSES_STREAM, b"event: response.completed"),
+    ):
+        cap = _with_pieces(_cap(path=path), stream[: stream.index(end)])
+        cap.error = "client_disconnected"
+        rec = build_record(cap, "digest")
+        assert rec["error"] == "client_disconnected", path
+        assert rec["response"]["chunks"] >= 1

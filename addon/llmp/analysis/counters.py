@@ -23,17 +23,23 @@ class Timing:
     t_first_byte: int | None
     t_end: int
     streamed: bool
+    t_first_event: int | None = None
 
 
 def _proxy_times(counts: Counts, timing: Timing | None) -> None:
-    # Without server timings, a streamed response's first byte marks the end
-    # of prefill, as well as the proxy can tell.
-    if timing is None or not timing.streamed or timing.t_first_byte is None:
+    """Without server timings, a streamed response's first event marks the end
+    of prefill, as well as the proxy can tell (R28).  Its first byte would not:
+    a keep-alive comment can come long before.  Recordings made before R28
+    have only the first byte."""
+    if timing is None or not timing.streamed:
+        return
+    first = timing.t_first_event if timing.t_first_event is not None else timing.t_first_byte
+    if first is None:
         return
     if counts.prefill_ms is None:
-        counts.prefill_ms = (float(max(0, timing.t_first_byte - timing.t_start)), PROXY)
+        counts.prefill_ms = (float(max(0, first - timing.t_start)), PROXY)
     if counts.decode_ms is None:
-        counts.decode_ms = (float(max(0, timing.t_end - timing.t_first_byte)), PROXY)
+        counts.decode_ms = (float(max(0, timing.t_end - first)), PROXY)
 
 
 def counts_for(

@@ -107,7 +107,7 @@ class Engine:
         ref = link.conv if link is not None else s.recent_by_ua.get(ex.ua)
         st = compare(ex, link, cfg)
         kind, shape = classify(ex, link, ref, st.total, cfg)
-        timing = Timing(ex.t_start, ex.t_first_byte, ex.t_end, ex.streamed)
+        timing = Timing(ex.t_start, ex.t_first_byte, ex.t_end, ex.streamed, ex.t_first_event)
         known_old = ex.served_model in s.ollama_old
         hints = CountHints((st.total, st.source), cfg.ollama_evaluated_share, known_old)
         counts = counts_for(ex.api, ex.top, timing, hints)

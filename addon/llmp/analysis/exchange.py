@@ -104,6 +104,7 @@ class Exchange:
         "structured",
         "t_end",
         "t_first_byte",
+        "t_first_event",
         "t_start",
         "tokmap",
         "tool_digests",
@@ -116,6 +117,7 @@ class Exchange:
     api: ChatApi
     t_start: int
     t_first_byte: int | None
+    t_first_event: int | None
     t_end: int
     ua: str | None
     requested_model: str | None
@@ -254,6 +256,8 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
     t_start = ex.t_start = rec["t_start_ms"]
     tfb = rec.get("t_first_byte_ms")
     ex.t_first_byte = tfb if type(tfb) is int else None
+    tfe = rec.get("t_first_event_ms")  # R28; absent in recordings made before it
+    ex.t_first_event = tfe if type(tfe) is int else None
     te = rec.get("t_end_ms")
     ex.t_end = te if type(te) is int else t_start
     headers = req.get("headers")

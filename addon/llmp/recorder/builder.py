@@ -10,9 +10,10 @@ waits for the line, writes it, and passes on what the child logged.
 Protocol, over the child's stdin and stdout. A request is an 8-byte
 little-endian length, then a pickle of a tuple whose first item names it:
 
-- `("build", mode, Capture)`: the record's JSON line (newline included). When
-  a live view runs, the child also feeds it that line, read back as
-  `llmp analyze` reads it, before it answers;
+- `("build", mode, Capture, sizes)`: the record's JSON line (newline
+  included).  The response pieces come joined into one, and `sizes` (or
+  None) cuts them back.  When a live view runs, the child also feeds it that
+  line, read back as `llmp analyze` reads it, before it answers;
 - `("live", LiveConfig, body, first_id)`: start the live view, or replace
   the running one; an empty answer, or the `LiveError` text;
 - `("live_off",)`: stop the live view (its summary line and `LLMP_SUMMARY`).
@@ -34,6 +35,7 @@ it never outlives the recorder.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -131,9 +133,13 @@ class ChildBuilder:
 
     def build(self, cap: Capture, mode: str) -> bytes:
         """Send the capture, return the line; `BuilderGone` if the child died."""
+        sizes: list[int] | None = None
         if len(cap.pieces) > 1:
-            cap.pieces = [b"".join(cap.pieces)]
-        return self._call((BUILD, mode, cap))
+            # One bytes object pickles far faster than many small ones; the
+            # sizes let the child cut it back into the pieces their times belong to.
+            sizes = [len(p) for p in cap.pieces]
+            cap = dataclasses.replace(cap, pieces=[b"".join(cap.pieces)])
+        return self._call((BUILD, mode, cap, sizes))
 
     def live(self, cfg: LiveConfig | None, body: str, first_id: int) -> None:
         """Start, replace (`cfg`) or stop (None) the child's live view; `LiveError` if it can't."""

@@ -48,6 +48,8 @@ class Capture:
     response_headers: dict[str, str] = field(default_factory=dict)
     response_encoding: str | None = None
     pieces: list[bytes] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    """When each kept piece arrived (Unix seconds), for `t_first_event_ms` (R28)."""
     response_body_bytes: int = 0
     stored_bytes: int = 0
     truncated: bool = False
@@ -62,12 +64,17 @@ class Capture:
             self.error = error
 
     def add_piece(self, piece: bytes, limit: int) -> None:
-        """Note a response piece on its way to the client: O(1), never copies."""
+        """Note a response piece on its way to the client: O(1), never copies.
+
+        Which piece held the first stream event is decided later, off the
+        client's path (R28): here each piece only gets its time stamp.
+        """
         size = len(piece)
         if not size:
             return
+        t = time.time()
         if self.t_first_byte_ms is None:
-            self.t_first_byte_ms = now_ms()
+            self.t_first_byte_ms = int(t * 1000)
         self.response_body_bytes += size
         self.tail = (self.tail + piece[-TAIL_BYTES:])[-TAIL_BYTES:]
         if self.truncated:
@@ -75,9 +82,11 @@ class Capture:
         room = limit - self.stored_bytes
         if size <= room:
             self.pieces.append(piece)
+            self.times.append(t)
             self.stored_bytes += size
         else:
             if room > 0:
                 self.pieces.append(piece[:room])
+                self.times.append(t)
                 self.stored_bytes += room
             self.truncated = True

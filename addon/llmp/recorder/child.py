@@ -56,6 +56,17 @@ def replace_view(
     return None if cfg is None else LiveView(cfg, body=body, first_id=first_id, say=say)
 
 
+def _cut(joined: bytes, sizes: list[int]) -> list[bytes]:
+    """The pieces `ChildBuilder.build` joined, cut back by their sizes."""
+    view = memoryview(joined)
+    out: list[bytes] = []
+    at = 0
+    for size in sizes:
+        out.append(bytes(view[at : at + size]))
+        at += size
+    return out
+
+
 class _Child:
     """The child's state: the live view, if one runs, and the proxy's terminal."""
 
@@ -67,7 +78,9 @@ class _Child:
     def handle(self, request: tuple[Any, ...]) -> bytes:
         op = request[0]
         if op == BUILD:
-            _, mode, cap = request
+            _, mode, cap, sizes = request
+            if sizes is not None:
+                cap.pieces = _cut(cap.pieces[0], sizes)
             line = build_line(cap, mode)
             view = self.view
             if view is not None:

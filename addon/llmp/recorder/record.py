@@ -14,7 +14,7 @@ from typing import Any
 
 from llmp.apis import ChatApi, api_for
 from llmp.format import canonical
-from llmp.format.schema import CLIENT_DISCONNECTED, FULL, RECORD_VERSION
+from llmp.format.schema import CLIENT_DISCONNECTED, FULL, RECORD_VERSION, UPSTREAM_RESET
 from llmp.recorder.capture import Capture
 from llmp.recorder.stream import StreamCapture, sniff_stream
 
@@ -43,23 +43,26 @@ def _decoder(encoding: str | None) -> Any:
 
 
 def decoded_pieces(pieces: Iterable[bytes], encoding: str | None) -> Iterator[bytes]:
-    """The pieces with their content-encoding removed; stops quietly at corrupt data."""
+    """The pieces with their content-encoding removed, one out per piece in (empty when
+    the decoder holds it back), the decoder's last bytes added to the last one; stops
+    quietly at corrupt data."""
     dec = _decoder(encoding)
     if dec is None:
         yield from pieces
         return
+    out: bytes | None = None
     try:
         for piece in pieces:
-            out = dec.process(piece) if hasattr(dec, "process") else dec.decompress(piece)
-            if out:
+            if out is not None:
                 yield out
+            out = dec.process(piece) if hasattr(dec, "process") else dec.decompress(piece)
         flush = getattr(dec, "flush", None)
-        if flush is not None:
-            tail = flush()
-            if tail:
-                yield tail
+        tail = flush() if flush is not None else b""
+        if out is not None or tail:
+            yield (out or b"") + (tail or b"")
     except Exception:
-        return
+        if out:
+            yield out
 
 
 def _media_type(headers: dict[str, str]) -> str:
@@ -113,9 +116,12 @@ def _request_part(cap: Capture, mode: str, api: ChatApi | None) -> dict[str, Any
     return part
 
 
-def _response_part(cap: Capture, mode: str, api: ChatApi | None) -> dict[str, Any] | None:
+def _response_part(
+    cap: Capture, mode: str, api: ChatApi | None
+) -> tuple[dict[str, Any] | None, int | None]:
+    """The response part, and when its first stream event arrived (R28)."""
     if cap.status is None:
-        return None
+        return None, None
     part: dict[str, Any] = {
         "status": cap.status,
         "headers": cap.response_headers,
@@ -131,7 +137,7 @@ def _response_part(cap: Capture, mode: str, api: ChatApi | None) -> dict[str, An
     try:
         data_pieces = list(decoded_pieces(cap.pieces, cap.response_encoding))
     except ValueError:  # unknown encoding: keep what we can say, no body
-        return part
+        return part, None
     media = _media_type(cap.response_headers)
     if media in _GENERIC_TYPES:  # missing or generic: sniff, but only chat responses (R8)
         kind = sniff_stream(None, _head(data_pieces)) if api is not None else None
@@ -145,20 +151,26 @@ def _response_part(cap: Capture, mode: str, api: ChatApi | None) -> dict[str, An
         if cap.truncated:
             if mode == FULL and data:
                 part["body_text"] = data.decode("utf-8", "replace")
-            return part
+            return part, None
         digest = None if digest_api is None else _object_digest(digest_api.response_digest)
         part.update(_store_body(data, mode, digest))
-        return part
+        return part, None
     # The capture already applied the limit to what it kept; parse all of it.
     stream = StreamCapture(kind, sum(map(len, data_pieces)) + 1, api)
-    for piece in data_pieces:
+    first_event: float | None = None
+    times = cap.times if len(cap.times) == len(data_pieces) else [None] * len(data_pieces)
+    for piece, t in zip(data_pieces, times, strict=True):
         stream.feed(piece)
+        if first_event is None and stream.events:
+            first_event = t  # the piece that completed the first event (R28)
     if cap.truncated:
         stream.truncated = True
     stream.close()
+    if first_event is None and stream.events and times:
+        first_event = times[-1]  # an NDJSON line the end of the body closed
     merged = stream.merged()
-    if cap.error == CLIENT_DISCONNECTED and _stream_complete(cap, kind, stream.done_seen):
-        cap.error = None  # the client hung up after the end: it had everything
+    if cap.error in _AFTER_THE_END and _stream_complete(cap, kind, stream.done_seen):
+        cap.error = None  # the end event was relayed: the client had everything (R29)
     part["stream"] = kind
     part["chunks"] = stream.chunks
     part["bad_chunks"] = stream.bad_chunks
@@ -169,15 +181,20 @@ def _response_part(cap: Capture, mode: str, api: ChatApi | None) -> dict[str, An
             part["body_text"] = b"".join(data_pieces).decode("utf-8", "replace")
     elif digest_api is not None and merged is not None:
         part["digest"] = digest_api.response_digest(merged)
-    return part
+    return part, None if first_event is None else int(first_event * 1000)
+
+
+_AFTER_THE_END = frozenset((CLIENT_DISCONNECTED, UPSTREAM_RESET))
+"""What a hang-up or a reset after the end event is reported as; no error then (R29)."""
 
 
 def _stream_complete(cap: Capture, kind: str, done_seen: bool) -> bool:
-    """Did the client get the stream's own end marker before it hung up?
+    """Did the client get the stream's own end event before the connection went?
 
     Clients such as openai-python close the connection as soon as they read
-    `data: [DONE]`, sometimes before the chunked terminator arrives; they had
-    the whole response, so that is no `client_disconnected`.
+    `data: [DONE]`, and real Codex right after `response.completed`,
+    sometimes before the chunked terminator arrives; they had the whole
+    response, so that is no `client_disconnected` (R29).
     """
     if done_seen and not cap.truncated:
         return True
@@ -204,13 +221,14 @@ def build_record(cap: Capture, mode: str) -> dict[str, Any]:
     """The recording v1 record for one finished exchange."""
     api = api_for(cap.method, cap.path)
     request = _request_part(cap, mode, api)
-    response = _response_part(cap, mode, api)  # may clear a client_disconnected
+    response, first_event = _response_part(cap, mode, api)  # may clear the error (R29)
     return {
         "v": RECORD_VERSION,
         "id": cap.id,
         "conn": cap.conn,
         "t_start_ms": cap.t_start_ms,
         "t_first_byte_ms": cap.t_first_byte_ms,
+        "t_first_event_ms": first_event,
         "t_end_ms": cap.t_end_ms if cap.t_end_ms is not None else cap.t_start_ms,
         "request": request,
         "response": response,
@@ -221,7 +239,7 @@ def build_record(cap: Capture, mode: str) -> dict[str, Any]:
 
 def fallback_record(cap: Capture, mode: str) -> dict[str, Any]:
     """A record without bodies, for when building the real one failed: never lose an exchange."""
-    stripped = dataclasses.replace(cap, request_body=None, pieces=[], stored_bytes=0)
+    stripped = dataclasses.replace(cap, request_body=None, pieces=[], times=[], stored_bytes=0)
     return build_record(stripped, mode)
 
 

@@ -95,6 +95,7 @@ class StreamCapture:
         "body_bytes",
         "chunks",
         "done_seen",
+        "events",
         "internal_errors",
         "kind",
         "limit",
@@ -116,6 +117,8 @@ class StreamCapture:
         self.body_bytes = 0
         self.truncated = False
         self.done_seen = False
+        #: Events dispatched (SSE events with data, `[DONE]` too) or non-blank lines (NDJSON).
+        self.events = 0
         #: Exceptions swallowed by feed/close: always 0 unless llmp has a bug.
         self.internal_errors = 0
         self._parsed = 0
@@ -145,6 +148,7 @@ class StreamCapture:
             self._item(item)
 
     def _item(self, item: str | bytes) -> None:
+        self.events += 1
         try:
             if isinstance(item, str) and item.strip() == "[DONE]":
                 self.done_seen = True
