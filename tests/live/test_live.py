@@ -507,7 +507,9 @@ def test_proxy_flags(tmp_path: Path) -> None:
     both = parser.parse_args(
         ["proxy", "--upstream", "127.0.0.1:8080", "--no-live", "--events", "x"]
     )
-    with pytest.raises(proxy.UsageError, match="--events, --events-csv and --live-log need the live view"):
+    with pytest.raises(
+        proxy.UsageError, match="--events, --events-csv and --live-log need the live view"
+    ):
         proxy.build_config(both)
     assert proxy._flagify("llmp_live_warn_ms, llmp_live, llmp_events_csv") == (
         "--warn-ms, --no-live, --events-csv"
