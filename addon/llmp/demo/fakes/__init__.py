@@ -1,0 +1,177 @@
+"""Fake model servers: llama.cpp ``llama-server`` and Ollama, for `llmp demo` and the tests.
+
+They speak the wire formats of ``shared/spec/wire-formats.md`` (the llmp contract) byte for
+byte, from a raw asyncio stream server on 127.0.0.1 in a daemon thread, so a
+test controls every byte: chunked framing (one chunk per event), keep-alive,
+and deliberate faults chosen per request with the ``x-fake`` header.
+
+    with Upstream("llama") as up:
+        client = openai.OpenAI(base_url=up.url + "/v1", api_key="x")
+        ...
+        entry = up.log[-1]          # what upstream received and sent
+        assert entry.body == bytes_the_client_got
+
+``x-fake`` is a comma-separated list of modes, each ``name`` or ``name=value``
+(see ``MODES``). ``Upstream(fake=...)`` sets modes for every request; the
+header adds to them. An unknown mode is answered with a 400 so typos fail.
+
+The modules, from the bottom up: ``exchange`` (the log), ``modes`` (what
+``x-fake`` can ask), ``responder`` (framing and faults), ``raw`` (the HTTP
+server and the ``App`` a flavour implements), ``model`` (the fake model and its one-slot
+cache), then one module per API: ``llama`` (chat and side endpoints),
+``anthropic`` (``/v1/messages``) and ``responses`` (``/v1/responses``) of
+llama-server; ``ollama`` (``/api/chat``) and ``ollama_openai``
+(``/v1/chat/completions``) of Ollama. ``dead`` holds the addresses where no
+server answers.
+"""
+
+from __future__ import annotations
+
+from llmp.demo.fakes.anthropic import AnthropicMessages
+from llmp.demo.fakes.dead import BlackHole, ClosedPort
+from llmp.demo.fakes.exchange import Exchange
+from llmp.demo.fakes.llama import LLAMA_FINGERPRINT, LLAMA_MODEL_FILE, Llama, llama_dumps
+from llmp.demo.fakes.model import (
+    PREDICTED_MS_PER_TOKEN,
+    PROMPT_MS_PER_TOKEN,
+    REASONING_TEXT,
+    REPLY_TEXT,
+    TOOL_ARG_FRAGMENTS,
+    TOOL_ARGS,
+    FakeModel,
+    Flavor,
+    count_tokens,
+    message_text,
+    prompt_text,
+)
+from llmp.demo.fakes.modes import (
+    GARBAGE_NDJSON,
+    GARBAGE_SSE,
+    MIDSTREAM_ERROR_MESSAGE,
+    MODES,
+    PING,
+    parse_fake,
+)
+from llmp.demo.fakes.ollama import OLLAMA_LOAD_NS, OLLAMA_VERSION, Ollama, go_dumps
+from llmp.demo.fakes.ollama_openai import OllamaOpenAI
+from llmp.demo.fakes.raw import App, RawServer
+from llmp.demo.fakes.responses import OpenAIResponses
+
+__all__ = [
+    "GARBAGE_NDJSON",
+    "GARBAGE_SSE",
+    "LLAMA_FINGERPRINT",
+    "LLAMA_MODEL_FILE",
+    "MIDSTREAM_ERROR_MESSAGE",
+    "MODES",
+    "OLLAMA_LOAD_NS",
+    "OLLAMA_VERSION",
+    "PING",
+    "PREDICTED_MS_PER_TOKEN",
+    "PROMPT_MS_PER_TOKEN",
+    "REASONING_TEXT",
+    "REPLY_TEXT",
+    "TOOL_ARGS",
+    "TOOL_ARG_FRAGMENTS",
+    "BlackHole",
+    "ClosedPort",
+    "Exchange",
+    "FakeModel",
+    "Flavor",
+    "Upstream",
+    "count_tokens",
+    "go_dumps",
+    "llama_dumps",
+    "message_text",
+    "parse_fake",
+    "prompt_text",
+]
+
+
+def _app(flavor: Flavor, model: FakeModel) -> App:
+    """The flavour's server with all of its APIs, over one model."""
+    if flavor == "llama":
+        llama = Llama(model)
+        llama.add_routes(AnthropicMessages(llama).routes())
+        llama.add_routes(OpenAIResponses(llama).routes())
+        return llama
+    ollama = Ollama(model)
+    ollama.add_routes(OllamaOpenAI(ollama).routes())
+    return ollama
+
+
+class Upstream(RawServer):
+    """A fake llama-server (``flavor="llama"``) or Ollama (``"ollama"``).
+
+    Runs until ``close()`` (or the end of the ``with`` block). ``log`` is the
+    list of ``Exchange`` in arrival order. llama-server serves chat,
+    ``/v1/messages`` and ``/v1/responses`` from the same model and slot.
+    """
+
+    def __init__(
+        self,
+        flavor: Flavor = "llama",
+        *,
+        fake: str = "",
+        n_ctx: int = 8192,
+        model_file: str = LLAMA_MODEL_FILE,
+        reply: str | None = None,
+        reasoning: str = REASONING_TEXT,
+    ) -> None:
+        if flavor not in ("llama", "ollama"):
+            raise ValueError(f"unknown flavor {flavor!r}")
+        self.flavor: Flavor = flavor
+        self.model = FakeModel(
+            flavor,
+            n_ctx=n_ctx,
+            reply=REPLY_TEXT[flavor] if reply is None else reply,
+            reasoning=reasoning,
+            model_file=model_file,
+        )
+        super().__init__(_app(flavor, self.model), fake=fake, name=f"fake-{flavor}")
+
+    # the model's settings, settable as they were on the one-module Upstream
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.n_ctx
+
+    @n_ctx.setter
+    def n_ctx(self, value: int) -> None:
+        self.model.n_ctx = value
+
+    @property
+    def model_file(self) -> str:
+        return self.model.model_file
+
+    @model_file.setter
+    def model_file(self, value: str) -> None:
+        self.model.model_file = value
+
+    @property
+    def reply(self) -> str:
+        return self.model.reply
+
+    @reply.setter
+    def reply(self, value: str) -> None:
+        self.model.reply = value
+
+    @property
+    def reasoning(self) -> str:
+        return self.model.reasoning
+
+    @reasoning.setter
+    def reasoning(self, value: str) -> None:
+        self.model.reasoning = value
+
+    @property
+    def slot_prompt(self) -> str:
+        """The simulated prefix cache: the previous chat prompt (one slot)."""
+        return self.model.slot_prompt
+
+    @slot_prompt.setter
+    def slot_prompt(self, value: str) -> None:
+        self.model.slot_prompt = value
+
+    def reset_cache(self) -> None:
+        self.model.slot_prompt = ""
