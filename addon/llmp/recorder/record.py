@@ -14,7 +14,7 @@ from typing import Any
 
 from llmp.apis import ChatApi, api_for
 from llmp.format import canonical
-from llmp.format.schema import CLIENT_DISCONNECTED, FULL, RECORD_VERSION, UPSTREAM_RESET
+from llmp.format.schema import CLIENT_DISCONNECTED, FULL, RECORD_VERSION
 from llmp.recorder.capture import Capture
 from llmp.recorder.stream import StreamCapture, sniff_stream
 
@@ -184,8 +184,10 @@ def _response_part(
     return part, None if first_event is None else int(first_event * 1000)
 
 
-_AFTER_THE_END = frozenset((CLIENT_DISCONNECTED, UPSTREAM_RESET))
-"""What a hang-up or a reset after the end event is reported as; no error then (R29)."""
+_AFTER_THE_END = frozenset((CLIENT_DISCONNECTED,))
+"""The client's hang-up or reset after the end event: no error then (R29).  A server
+that fails after it (a body shorter than its Content-Length) stays `upstream_reset`:
+the client's HTTP library saw a broken response too."""
 
 
 def _stream_complete(cap: Capture, kind: str, done_seen: bool) -> bool:
