@@ -54,14 +54,15 @@ def test_tokenize_then_analyse(
     # Every record now carries the server's counts...
     for line in path.read_bytes().splitlines():
         assert orjson.loads(line)["tokens"]["messages"]
-    # ...and the analysis uses them: composition and losses carry the source.
+    # ...and the analysis uses them: the composition carries the source.
     for row in rep["rows"]:
         assert {v["source"] for v in row["composition"].values()} == {"tokenizer"}
+    # A loss taken from the server's counters is the server's, with or without them.
     broken = next(r for r in rep["rows"] if r["lost_client"])
-    assert broken["lost_client"]["ms"]["source"] == "tokenizer"
-    assert rep["time"]["lost_ms"]["source"] == "tokenizer"
+    assert broken["lost_client"]["ms"]["source"] == "server"
+    assert rep["time"]["lost_ms"]["source"] == "server"
     old = next(r for r in before["rows"] if r["lost_client"])
-    assert old["lost_client"]["ms"]["source"] == "estimate"
+    assert old["lost_client"]["ms"]["source"] == "server"
     # The verdict is the same; only the strength of the numbers changed.
     assert [f["kind"] for f in rep["findings"]] == [f["kind"] for f in before["findings"]]
 

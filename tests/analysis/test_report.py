@@ -34,6 +34,7 @@ ROW = [
     "prefix_tokens", "break_cause", "compaction", "predicted_reuse", "observed_reuse", "cause",
     "lost_client", "lost_external", "side_calls_between", "other_conversations_between",
     "other_domains_between", "loss_measured",
+    "changed",  # additive to v1: where each changed message changed (docs/analysis.md §7)
 ]  # fmt: skip
 COUNTS = [
     "prompt_tokens",
@@ -126,8 +127,30 @@ def test_full_digest_and_mixed_recordings_give_the_same_report(tmp_path: Path, n
         result.write_json(buf)
         result.close()
         outs.append(buf.getvalue())
-    assert outs[0] == outs[1] == outs[2]
-    assert orjson.loads(outs[0])["coverage"]["analysed"] == len(tr.records)
+    reports = [orjson.loads(out) for out in outs]
+    # Only full mode can say at which character a message changed, and show it.
+    for row in reports[0]["rows"]:
+        for c in row["changed"] or []:
+            assert c["offset"] is None and c["context"] is None and c["was"] is None
+    for rep in reports[1:]:
+        for row in rep["rows"]:
+            for c in row["changed"] or []:
+                c.update(offset=None, context=None, was=None)
+    for rep in reports:  # full mode sees the text: surer advice, the change at its offset
+        for f in rep["findings"]:
+            for c in (
+                f["evidence"].get("changed", [])
+                if isinstance(f["evidence"].get("changed"), list)
+                else []
+            ):
+                for key in ("offset", "context", "was"):
+                    c.pop(key, None)
+            tip = f["evidence"].get("advice")
+            if tip is not None:
+                tip.pop("confidence")
+                tip.pop("because")
+    assert reports[0] == reports[1] == reports[2]
+    assert reports[0]["coverage"]["analysed"] == len(tr.records)
 
 
 def test_skipped_records_by_reason(tmp_path: Path) -> None:

@@ -114,12 +114,20 @@ def test_changed_system_prompt(tmp_path: Path, mode: str) -> None:
     assert r[5]["break_cause"] is None and r[5]["cause"] is None
     f = finding(rep, "prefix_break")
     assert f["client"] == "opencode/1.0.0" and f["rows"] == [4]
-    assert f["evidence"] == {
-        "break_cause": "system_changed",
-        "links": 4,
-        "broken": 1,
-        "share": 0.25,
-    }
+    ev = dict(f["evidence"])
+    tip = ev.pop("advice")
+    changed = ev.pop("changed")
+    assert ev == {"break_cause": "system_changed", "links": 4, "broken": 1, "share": 0.25}
+    # The date was appended at the end of the one system message: its last 256 characters.
+    assert changed[0]["index"] == 0 and changed[0]["role"] == "system"
+    assert changed[0]["within"] == "last_256" and changed[0]["rows"] == 1
+    assert "near its end" in tip["text"] and "latest user message" in tip["text"]
+    if mode == "full":  # the text itself, only in full mode
+        assert changed[0]["offset"] == len(sc.SYSTEM) and "2026-08-21" in changed[0]["context"]
+        assert tip["confidence"] == "high"
+    else:
+        assert "offset" not in changed[0] and tip["confidence"] == "medium"
+    assert r[4]["changed"][0]["within"] == "last_256"
     assert f["lost_tokens"] == lc["tokens"]
     assert rep["time"]["by_cause"]["system_changed"]["rows"] == 1
     check_totals(rep)

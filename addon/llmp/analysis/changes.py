@@ -222,6 +222,11 @@ def _change(
     out["broke_at"] = _broke_at(before, after)
     out["tools"] = _diff_tools(before, after)
     out["messages"] = _diff_messages(before["messages"], after["messages"])
+    where = {c.get("index"): c for c in row.changed or ()}
+    for op in out["messages"]:
+        w = where.get(op["after"]["index"]) if op["op"] == "changed" and op["after"] else None
+        if w is not None:  # where in the message it changed; no text, even in full mode
+            op["where"] = {"within": w.get("within"), "offset": w.get("offset")}
     return out
 
 

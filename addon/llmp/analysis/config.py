@@ -26,6 +26,7 @@ class Config:
     probe_max_tokens: int = 1
     ollama_evaluated_share: float = 0.4
     min_lost_tokens: int = 256
+    volatile_head_chars: int = 512
     unused_tool_min_offered: int = 20
     large_tool_tokens: int = 1000
     large_system_tokens: int = 4096
@@ -95,6 +96,11 @@ OPTIONS: list[tuple[str, str, str]] = [
         "min_lost_tokens",
         "--min-lost-tokens",
         "loss findings smaller than this are dropped",
+    ),
+    (
+        "volatile_head_chars",
+        "--volatile-head-chars",
+        "a changed leading system block (or edit) this short makes a volatile head",
     ),
     (
         "unused_tool_min_offered",

@@ -138,7 +138,7 @@ class Engine:
                 loss_measured=loss_measured(counts),
                 served=ex.served_model,
             )
-            s.ring.append(RingEntry(ex.id, ex.served_model, kind, None, shape, client))
+            s.ring.append(RingEntry(ex.id, ex.served_model, kind, None, shape, client, model))
             return row, None
 
         if link is None:
@@ -192,11 +192,16 @@ class Engine:
             other_conversations_between=btw.other_conversations if btw is not None else [],
             other_domains_between=btw.other_domains if btw is not None else [],
             loss_measured=loss_measured(counts),
+            changed=st.changed or None,
             served=ex.served_model,
+            volatile=verdict.volatile,
+            volatile_where=st.volatile_where,
         )
         conv.last = state
         s.touch(conv)
-        s.ring.append(RingEntry(ex.id, ex.served_model, TURN, conv.number, None, conv.client))
+        s.ring.append(
+            RingEntry(ex.id, ex.served_model, TURN, conv.number, None, conv.client, model)
+        )
         return row, btw
 
     @staticmethod
@@ -218,6 +223,14 @@ class Engine:
             has_tools=bool(ex.tools.names),
             max_tokens=ex.max_tokens,
             out_chars=ex.out_chars,
+            edges=tuple(ex.edges(i) for i in range(len(ex.hashes))),
+            roles=tuple(m.get("role") if isinstance(m, dict) else None for m in ex.msgs),
+            tool_hashes=frozenset(
+                h
+                for t in ex.tool_digests
+                if isinstance(t, dict) and type(h := t.get("hash")) is str
+            ),
+            texts=ex.texts,
         )
 
     # -- output -----------------------------------------------------------

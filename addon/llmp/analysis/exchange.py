@@ -106,6 +106,7 @@ class Exchange:
         "t_first_byte",
         "t_first_event",
         "t_start",
+        "texts",
         "tokmap",
         "tool_digests",
         "tools",
@@ -136,7 +137,17 @@ class Exchange:
     streamed: bool
     out_chars: int
     out_tool_names: list[str]
+    texts: tuple[str, ...] | None
+    """Each message's text, in full mode only: where in a message a change falls."""
     _cum: tuple[list[int], list[int]] | None
+
+    def edges(self, i: int) -> tuple[int, Any, Any]:
+        """Message i's size in characters and its head and tail hashes (R5)."""
+        m = self.msgs[i]
+        if not isinstance(m, dict):
+            return 0, None, None
+        chars = m.get("chars")
+        return (chars if type(chars) is int else 0), m.get("head"), m.get("tail")
 
     def msg_tokens(self, i: int) -> tuple[int, bool]:
         """Tokens of message i, and whether they came from the tokenizer."""
@@ -212,6 +223,16 @@ def _slow_hashes(msgs: list[Any]) -> tuple[tuple[str, ...], list[Any]]:
     return tuple(hashes), fixed
 
 
+MAX_TEXT_CHARS = 4_000_000
+"""Texts of a full-mode request kept at most, for where a change falls."""
+
+
+def _texts(api: ChatApi, body: dict[str, Any]) -> tuple[str, ...] | None:
+    """The message texts of a full body (None past `MAX_TEXT_CHARS`)."""
+    texts = tuple(text for _, text in api.messages_with_text(body))
+    return texts if sum(map(len, texts)) <= MAX_TEXT_CHARS else None
+
+
 def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) -> Exchange | Skip:
     """The Exchange of a record, or why it is skipped.
 
@@ -234,9 +255,13 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
     status = resp.get("status")
     if type(status) is not int or not 200 <= status < 300:
         return Skip(NON_2XX, chat=True, refusal=refusal_of(rec, req, resp, api, status))
+    texts: tuple[str, ...] | None = None
     try:
         digest: Any = request_digest_of(req, api)
         rd: Any = response_digest_of(resp, api)
+        body = req.get("body")
+        if req.get("digest") is None and isinstance(body, dict):
+            texts = _texts(api, body)
     except (ValueError, TypeError, RecursionError):
         return Skip(UNPARSED, chat=True)  # a body the digest cannot be taken of
     if type(digest) is not dict:
@@ -251,6 +276,7 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
 
     ex = Exchange()
     ex._cum = None
+    ex.texts = texts
     ex.id = rec["id"]
     ex.api = api
     t_start = ex.t_start = rec["t_start_ms"]

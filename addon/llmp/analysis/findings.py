@@ -6,11 +6,12 @@ label and turned into the spec's finding objects at the end.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from llmp.analysis import advice
 from llmp.analysis.classify import SIDE_CALL, STATELESS, TURN
 from llmp.analysis.loss import (
     OTHER_CONVERSATION,
@@ -36,6 +37,7 @@ OTHER_MODEL_EVICTION = "other_model_eviction"
 UNUSED_TOOL = "unused_tool"
 LARGE_TOOL_SCHEMA = "large_tool_schema"
 LARGE_SYSTEM_PROMPT = "large_system_prompt"
+VOLATILE_HEAD = "volatile_head"
 
 # Every finding kind: the spec's, then the additive ones (docs/analysis.md §10).
 KINDS = (
@@ -48,6 +50,7 @@ KINDS = (
     LARGE_TOOL_SCHEMA,
     LARGE_SYSTEM_PROMPT,
     CONTEXT_OVERFLOW,
+    VOLATILE_HEAD,
 )
 
 HIGH, MEDIUM, LOW = "high", "medium", "low"
@@ -75,6 +78,16 @@ class LossGroup:
     links: int = 0
     broken: int = 0
     served: set[str] = field(default_factory=set)
+    changed: Counter[tuple[Any, Any, Any]] = field(default_factory=Counter)
+    """(message index, role, within) of the changes, over the rows."""
+    where: dict[str, Any] | None = None
+    """The largest loss's first change, in full (offset and context in full mode)."""
+    where_tokens: int = -1
+    after_refusal: int = 0
+    shrank: int = 0
+    requested: set[str] = field(default_factory=set)
+    """Model names the side-calls asked for (their server may serve another)."""
+    conversation_models: set[str] = field(default_factory=set)
 
     def add_loss(self, row_id: int, loss: Loss | None, measured: bool) -> None:
         """A row of this finding; `measured` says whether its loss was."""
@@ -107,6 +120,18 @@ class LossGroup:
         self.links += other.links
         self.broken += other.broken
         self.served |= other.served
+        self.changed.update(other.changed)
+        if other.where is not None and other.where_tokens > self.where_tokens:
+            self.where, self.where_tokens = other.where, other.where_tokens
+        self.after_refusal += other.after_refusal
+        self.shrank += other.shrank
+        self.requested |= other.requested
+        self.conversation_models |= other.conversation_models
+
+    def note_where(self, where: dict[str, Any] | None, tokens: int) -> None:
+        """Keep the change of the row that lost the most."""
+        if where is not None and tokens > self.where_tokens:
+            self.where, self.where_tokens = where, tokens
 
 
 @dataclass
@@ -159,11 +184,23 @@ class Findings:
         self.breaks: dict[tuple[int, str, str], LossGroup] = {}
         self.links: Counter[tuple[int, str]] = Counter()
         self.system: dict[int, SystemStats] = {}
+        self.volatile: dict[tuple[int, str], LossGroup] = {}
         self.overflow = Overflow(cfg)
+        self.refusals: deque[tuple[int, int]] = deque(maxlen=1024)  # (session, record id)
 
     def refused(self, session: int, record_id: int, refusal: Refusal) -> None:
         """A skipped chat request the server refused (maybe for its context)."""
         self.overflow.refused(session, record_id, refusal)
+        if refusal.said:
+            self.refusals.append((session, record_id))
+
+    def _refused_between(self, session: int, since: int, until: int) -> bool:
+        for s, rid in reversed(self.refusals):
+            if s != session or rid < since:
+                return False
+            if rid < until:
+                return True
+        return False
 
     def add(self, row: Row, btw: Between | None, ex: Exchange | None = None) -> None:
         """Take what a row says about findings; `btw` is what ran before it.
@@ -178,6 +215,15 @@ class Findings:
         if row.linked_to is None or btw is None:
             return
         served = row.served
+        if row.volatile is not None:
+            vg = self.volatile.get((row.client, served))
+            if vg is None:
+                vg = self.volatile[(row.client, served)] = LossGroup()
+            vg.add_loss(row.id, row.volatile, row.loss_measured)
+            vg.broken += row.compaction
+            if row.conversation is not None:
+                vg.conversations.add(row.conversation)
+            vg.note_where(row.volatile_where, row.volatile.tokens)
         if not row.new_conversation:
             self.links[(row.client, served)] += 1
             if row.break_cause is not None and not row.compaction:
@@ -185,11 +231,22 @@ class Findings:
                 if g is None:
                     g = self.breaks[(row.client, row.break_cause, served)] = LossGroup()
                 g.broken += 1
+                for c in row.changed or ():
+                    g.changed[(c.get("index"), c.get("role"), c.get("within"))] += 1
+                if row.changed:
+                    tokens = row.lost_client.tokens if row.lost_client is not None else 0
+                    g.note_where(row.changed[0], tokens)
+                    c0 = row.changed[0]
+                    g.shrank += (c0.get("chars_after") or 0) < (c0.get("chars_before") or 0)
+                if self._refused_between(row.session, row.linked_to, row.id):
+                    g.after_refusal += 1
                 if row.lost_client is not None:
                     g.add_loss(row.id, row.lost_client, row.loss_measured)
 
         if btw.side_calls:
-            self._group(self.side, served).turns_after += 1
+            side = self._group(self.side, served)
+            side.turns_after += 1
+            side.conversation_models.add(row.model)
         ext = row.lost_external
         kinds = bool(btw.side_calls) + bool(btw.other_conversations) + bool(btw.other_domains)
         if ext is not None:
@@ -224,6 +281,7 @@ class Findings:
                 if e.kind == SIDE_CALL and e.served == served:
                     g.side_calls[e.id] = e.shape
                     g.clients.add(e.client)
+                    g.requested.add(e.model)
         elif cause == OTHER_CONVERSATION:
             g = self._group(self.other_conv, served)
             others = set(btw.other_conversations)
@@ -284,6 +342,11 @@ class Findings:
                     "turns_after_side_calls": g.turns_after,
                     "clients": labels(g.clients),
                 }
+                others = g.requested - g.conversation_models
+                if others:
+                    f["evidence"]["advice"] = advice.weak_model_side_calls(
+                        g.requested, g.conversation_models
+                    )
                 out.append(f)
         for served, g in self.other_conv.items():
             f = self._loss_finding(
@@ -340,8 +403,34 @@ class Findings:
                     "links": n_links,
                     "broken": g.broken,
                     "share": round(g.broken / n_links, 4) if n_links else None,
+                    "changed": _positions(g),
                 }
+                tip = _break_advice(cause, g, name)
+                if tip is not None:
+                    f["evidence"]["advice"] = tip
                 out.append(f)
+
+        vol: dict[tuple[str, str], LossGroup] = {}
+        for (client, served), g in self.volatile.items():
+            key = (label(client), served)
+            if key not in vol:
+                vol[key] = LossGroup()
+            vol[key].merge(g)
+        for (name, served), g in vol.items():
+            conf = HIGH if g.measured and not g.unmeasured else MEDIUM if g.measured else LOW
+            f = self._loss_finding(VOLATILE_HEAD, served, name, g, conf, tokens_always=True)
+            if f is None:
+                continue
+            where = g.where or {}
+            f["evidence"] = {
+                "conversations": len(g.rows) - g.broken,
+                "compactions": g.broken,
+                "changed": {k: where.get(k) for k in ("index", "role", "within")},
+            }
+            tip = advice.attribution_header(g.where, name) or advice.volatile_block(g.where, name)
+            if tip is not None:
+                f["evidence"]["advice"] = tip
+            out.append(f)
 
         sys_by_label: dict[str, SystemStats] = {}
         for client, st in self.system.items():
@@ -463,6 +552,26 @@ class Findings:
             "confidence": confidence,
             "evidence": evidence,
         }
+
+
+def _positions(g: LossGroup) -> list[dict[str, Any]]:
+    """Where the rows' messages changed, most frequent first (no text: index, role, part)."""
+    out = []
+    for (index, role, within), n in g.changed.most_common(3):
+        out.append({"index": index, "role": role, "within": within, "rows": n})
+    if g.where is not None and out and g.where.get("offset") is not None:
+        # Full mode: the largest loss's change, at its character, with a little text.
+        out[0] = {**out[0], **{k: g.where.get(k) for k in ("offset", "context", "was")}}
+    return out
+
+
+def _break_advice(cause: str, g: LossGroup, label: str) -> dict[str, Any] | None:
+    """What the client can do about its prefix break, when its harness is recognised."""
+    if g.after_refusal and g.after_refusal * 2 >= g.broken:
+        return advice.cut_after_context_error(g.shrank > 0, label)
+    if cause == "system_changed":
+        return advice.attribution_header(g.where, label) or advice.volatile_block(g.where, label)
+    return None
 
 
 def sort_key(f: dict[str, Any]) -> tuple[int, float, float, str]:

@@ -44,6 +44,12 @@ class TurnState:
     max_tokens: int | None
     out_chars: int
     rest_hash: int = 0  # hash(rest): a continuation check that touches no old strings
+    edges: tuple[tuple[int, Any, Any], ...] = ()
+    """Each message's (chars, head, tail): where in a message a later change falls."""
+    roles: tuple[Any, ...] = ()
+    tool_hashes: frozenset[str] = frozenset()
+    texts: tuple[str, ...] | None = None
+    """Each message's text, in full mode only."""
     _rest_set: frozenset[str] | None = None
 
     @property
@@ -83,6 +89,8 @@ class RingEntry:
     conversation: int | None
     shape: str | None
     client: int
+    model: str = ""
+    """The model the request asked for (its `served` may differ, R20)."""
 
 
 class Session:

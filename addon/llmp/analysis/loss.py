@@ -8,7 +8,7 @@ each lost token to a cause.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llmp.analysis.classify import SIDE_CALL, STATELESS
 from llmp.analysis.linking import (
@@ -25,7 +25,8 @@ from llmp.analysis.linking import (
     lcp,
 )
 from llmp.analysis.rows import Loss
-from llmp.format.measure import ESTIMATE, MV, SERVER, TOKENIZER, clean, weakest
+from llmp.apis.base import EDGE_CHARS
+from llmp.format.measure import ESTIMATE, MV, SERVER, TOKENIZER, clean, estimate, weakest
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config
@@ -46,6 +47,14 @@ SERVER_HEAD_ONLY = "server_head_only"
 SERVER_ROLLBACK = "server_rollback"
 
 CLIENT_CAUSES = (TOOLS_CHANGED, SYSTEM_CHANGED, HISTORY_REWRITTEN)
+
+# Where a changed message changed (`Structure.changed`).
+FIRST_256 = "first_256"
+LAST_256 = "last_256"
+BETWEEN = "between"
+CONTEXT_BEFORE = 24
+CONTEXT_AFTER = 40
+"""Characters of `context` around a change, full mode only."""
 EXTERNAL_CAUSES = (SIDE_CALL, OTHER_CONVERSATION, OTHER_MODEL)
 SERVER_KINDS = (SERVER_EMPTY, SERVER_HEAD_ONLY, SERVER_ROLLBACK)
 
@@ -62,13 +71,25 @@ class Structure:
     break_cause: str | None = None
     compaction: bool = False
     new_conversation: bool = False
-    lost: int = 0  # W - P: reusable had the client kept its prompt
-    lost_start: int = 0  # where the first of those tokens sits in the prompt
+    after: int = 0  # tokens from the break on: what the server had to read again
+    fresh: int = 0  # the part of `after` that is new content (no earlier prompt had it)
     lost_source: str = ESTIMATE
     exact_prefix: int | None = None  # the linked turn's server prompt, for a clean continuation
     linked: bool = False
     tools_in_prefix: bool = False  # `prefix` counts the tools block
-    tools_lost: int = 0  # the part of `lost` that is the tools block
+    tools_after: int = 0  # the tools block's part of `after`
+    tools_fresh: int = 0  # its new tools' part of `fresh`
+    tools_differ: bool = False  # the tools array changed (its place is the template's)
+    changed: list[dict[str, Any]] = field(default_factory=list)
+    """Where each changed message changed (digest mode: which part; full mode: the offset)."""
+    volatile: int = 0
+    """A volatile head: what a new conversation re-read because only its head changed."""
+    volatile_where: dict[str, Any] | None = None
+
+    @property
+    def lost(self) -> int:
+        """Re-read only because of the break: the old content after it (W - P)."""
+        return max(0, self.after - self.fresh)
 
     @property
     def total(self) -> int:
@@ -138,6 +159,7 @@ def compare(ex: Exchange, link: Link | None, cfg: Config) -> Structure:
 
     if mode == HEAD:
         st.new_conversation = True
+        _volatile_head(ex, st, last, ps, sys_eq, tools_eq, cfg)
         return st
     if not sys_eq:
         st.break_cause = SYSTEM_CHANGED
@@ -160,52 +182,198 @@ def compare(ex: Exchange, link: Link | None, cfg: Config) -> Structure:
     elif _carries_summary(ex, nsys + (k if mode in (CONTINUATION, PREFIX) else 0), link.conv, cfg):
         st.compaction = True
     if st.compaction:
+        _volatile_head(ex, st, last, ps, sys_eq, tools_eq, cfg)
         return st
-    _walk_lost(ex, st, last, ps, sys_eq, tools_eq, k if st.break_cause == HISTORY_REWRITTEN else 0)
+    _charge(ex, st, last, ps, sys_eq, tools_eq, k if st.break_cause == HISTORY_REWRITTEN else 0)
     return st
 
 
-def _walk_lost(
+def _charge(
     ex: Exchange, st: Structure, last: TurnState, ps: int, sys_eq: bool, tools_eq: bool, k: int
 ) -> None:
-    """W - P, and where it starts: the blocks after the break that the linked
-    turn had too, which the server re-processed only because of the break."""
+    """What the break made the server read again, and how much of it is new.
+
+    Had the client not changed its prompt, everything up to the new content
+    would have been reusable; so what follows the break point is charged,
+    less the content no earlier prompt had.  A changed message is charged
+    from where it changed: only what it grew by is new (docs/analysis.md
+    §7).  The break point is the first changed system message, or the tools
+    block, or the first rewritten history message (`k` shared before it).
+    """
     tok, est = ex.cumulative()
     nsys = ex.n_sys
     n = len(ex.hashes)
     hashes = ex.hashes
-    pos = st.prefix or 0
-    lost = 0
-    first: int | None = None
+    old = set(last.sys) | last.rest_set
     estimated = False
-    if not sys_eq:
-        old_sys = frozenset(last.sys)
-        for i in range(ps, nsys):
-            t = tok[i + 1] - tok[i]
-            if hashes[i] in old_sys:
-                first = pos if first is None else first
-                lost += t
-                estimated = estimated or est[i + 1] != est[i]
-            pos += t
-    if not (sys_eq and tools_eq):
-        t = int(st.tools[0])
-        if tools_eq and t:
-            first = pos if first is None else first
-            lost += t
-            st.tools_lost = t
-            estimated = estimated or st.tools[1] == ESTIMATE
-        pos += t
-    seen = last.rest_set
-    for i in range(nsys + k, n):
+    first = ps if not sys_eq else nsys if not tools_eq else nsys + k
+    after = fresh = 0
+    for i in range(first, n):
         t = tok[i + 1] - tok[i]
-        if hashes[i] in seen:
-            first = pos if first is None else first
-            lost += t
-            estimated = estimated or est[i + 1] != est[i]
-        pos += t
-    st.lost = int(lost)
-    st.lost_start = first if first is not None else pos
+        estimated = estimated or est[i + 1] != est[i]
+        after += t
+        if hashes[i] in old:
+            continue
+        j = _old_counterpart(ex, i, last, ps, nsys, k)
+        if j is None:
+            fresh += t
+            continue
+        where = _where_changed(ex, i, last, j)
+        st.changed.append(where)
+        rewritten = where["within"] == FIRST_256 and ex.edges(i)[2] != last.edges[j][2]
+        fresh += _grown(t, where, rewritten)
+    if not (sys_eq and tools_eq):  # else the tools block is inside the prefix
+        t = int(st.tools[0])
+        st.tools_after = t
+        after += t
+        estimated = estimated or (t > 0 and st.tools[1] == ESTIMATE)
+        if not tools_eq:
+            st.tools_differ = True
+            st.tools_fresh = _new_tools_tokens(ex, last)
+            fresh += st.tools_fresh
+    st.after = int(after)
+    st.fresh = int(min(fresh, after))
     st.lost_source = ESTIMATE if estimated or ex.tokmap is None else TOKENIZER
+
+
+def _volatile_head(
+    ex: Exchange,
+    st: Structure,
+    last: TurnState,
+    ps: int,
+    sys_eq: bool,
+    tools_eq: bool,
+    cfg: Config,
+) -> None:
+    """A new conversation or a compaction whose prompt differs from the client's last
+    one only in a short leading part (Claude Code's attribution line, a date at the top).
+
+    Such a turn is charged nothing (a new conversation, R: Conversations), but the
+    server read again everything after that part: the rest of the system prompt
+    and the tools, which a stable head would have kept reusable.  That is
+    `Structure.volatile` (composition units), for the `volatile_head` finding.
+    """
+    nsys = ex.n_sys
+    if sys_eq or not tools_eq or ps >= nsys or len(last.sys) != nsys:
+        return
+    if ex.hashes[ps + 1 : nsys] != last.sys[ps + 1 :]:
+        return  # more than one system message changed
+    chars, head, tail = ex.edges(ps)
+    ochars, ohead, otail = last.edges[ps]
+    short = max(chars, ochars) <= cfg.volatile_head_chars
+    edited_head = head != ohead and tail == otail and abs(chars - ochars) <= cfg.volatile_head_chars
+    if not (short or edited_head):
+        return
+    where = _where_changed(ex, ps, last, ps)
+    tok, _ = ex.cumulative()
+    changed = tok[ps + 1] - tok[ps]
+    kept_in_changed = 0 if short else max(0, changed - estimate(min(chars, EDGE_CHARS)))
+    shared = (tok[nsys] - tok[ps + 1]) + kept_in_changed + int(st.tools[0])
+    if shared > 0:
+        st.volatile = shared
+        st.volatile_where = where
+
+
+def _old_counterpart(
+    ex: Exchange, i: int, last: TurnState, ps: int, nsys: int, k: int
+) -> int | None:
+    """The earlier message that message i changed, or None when it is a new one.
+
+    A system message is paired with the earlier system message at the same
+    place; the first rewritten history message with the earlier one after
+    the shared `k` when both have the same role.
+    """
+    old_nsys = len(last.sys)
+    if i < nsys:
+        return i if i < old_nsys else None
+    if i == nsys + k and old_nsys + k < len(last.edges):
+        j = old_nsys + k
+        m = ex.msgs[i]
+        role = m.get("role") if isinstance(m, dict) else None
+        return j if role == last.roles[j] else None
+    return None
+
+
+def _where_changed(ex: Exchange, i: int, last: TurnState, j: int) -> dict[str, Any]:
+    """Where message i differs from the earlier message j: no text in digest mode.
+
+    `within` says which part changed first, from the head and tail hashes
+    (R5): its first 256 characters, only its last 256, or in between.  In
+    full mode `offset` is the first differing character and `context` and
+    `was` a few characters around it, now and before.  The charge does not
+    use them, so a full and a digest recording charge alike.
+    """
+    chars, head, tail = ex.edges(i)
+    ochars, ohead, otail = last.edges[j]
+    if head != ohead:
+        within = FIRST_256
+    elif tail != otail:
+        within = LAST_256
+    else:
+        within = BETWEEN
+    m = ex.msgs[i]
+    role = m.get("role") if isinstance(m, dict) else None
+    out: dict[str, Any] = {
+        "index": i,
+        "role": role if isinstance(role, str) else None,
+        "within": within,
+        "chars_before": ochars,
+        "chars_after": chars,
+        "offset": None,
+        "context": None,
+        "was": None,
+    }
+    if ex.texts is not None and last.texts is not None and j < len(last.texts):
+        new, was = ex.texts[i], last.texts[j]
+        off = _common_prefix(new, was)
+        out["offset"] = off
+        out["context"] = new[max(0, off - CONTEXT_BEFORE) : off + CONTEXT_AFTER]
+        out["was"] = was[max(0, off - CONTEXT_BEFORE) : off + CONTEXT_AFTER]
+    return out
+
+
+def _grown(tokens: int, where: dict[str, Any], rewritten: bool) -> int:
+    """The new part of a changed message's tokens.
+
+    What it grew by, when one end of it is unchanged (an edit: a clock, a
+    cut, an appended line); all of it when both ends changed (a rewrite).
+    """
+    chars = where["chars_after"]
+    if not chars:
+        return 0
+    added = chars if rewritten else max(0, chars - where["chars_before"])
+    return round(tokens * min(chars, added) / chars)
+
+
+def _new_tools_tokens(ex: Exchange, last: TurnState) -> int:
+    """Tokens of the tools no earlier request of the conversation had."""
+    total = 0
+    for t in ex.tool_digests:
+        if not isinstance(t, dict) or t.get("hash") in last.tool_hashes:
+            continue
+        chars = t.get("chars")
+        total += estimate(chars if type(chars) is int else 0)
+    if not total:
+        return 0
+    # In the tools block's own units (tokenizer counts where it has them).
+    block = sum(
+        estimate(c)
+        for t in ex.tool_digests
+        if isinstance(t, dict) and type(c := t.get("chars")) is int
+    )
+    return round(int(ex.tools.tokens) * total / block) if block else total
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    lo, hi = 0, n
+    while lo < hi:  # by halves: long system prompts differ late
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _carries_summary(ex: Exchange, index: int, conv: Conversation, cfg: Config) -> bool:
@@ -282,6 +450,8 @@ class Verdict:
     lost_external: Loss | None = None
     cause: str | None = None
     server_kind: str | None = None
+    volatile: Loss | None = None
+    """What a volatile head cost a new conversation or a compaction (no row charge)."""
 
 
 def _ms(tokens: float, src: str, counts: Counts) -> MV | None:
@@ -323,13 +493,58 @@ def drop_unrendered_tools(st: Structure, counts: Counts) -> bool:
     if st.prefix is not None and st.tools_in_prefix:
         st.prefix -= t
         st.tools_in_prefix = False
-    if st.tools_lost:
-        st.lost -= st.tools_lost
-        st.tools_lost = 0
-    sys_end = int(st.system[0])
-    if st.lost_start > sys_end:
-        st.lost_start = max(sys_end, st.lost_start - t)
+    if st.tools_after:
+        st.after -= st.tools_after
+        st.fresh = max(0, st.fresh - st.tools_fresh)
+        st.tools_after = st.tools_fresh = 0
     return True
+
+
+def _client_loss(
+    st: Structure,
+    counts: Counts,
+    factor: float | None,
+    unit_src: str,
+    external: float,
+    tol: int,
+) -> Loss | None:
+    """What the client's change made the server read again (docs/analysis.md §7).
+
+    With the server's counters it is what the server evaluated, less the new
+    content (in server units) and less what the server lost by itself
+    (`external`): charged + new + external = evaluated.  Without them it is
+    the old content after the break, scaled to the server's units where the
+    prompt's size is known.
+    """
+    assert st.break_cause is not None
+    evaluated, reused = counts.evaluated_tokens, counts.reused_tokens
+    if evaluated is not None and reused is not None and factor is not None:
+        lc = evaluated[0] - st.fresh * factor - external
+        src = weakest(evaluated[1], reused[1])
+        if lc <= tol:
+            return None
+    else:
+        if st.lost <= 0:
+            return None
+        lc = st.lost * factor if factor is not None else float(st.lost)
+        src = weakest(st.lost_source, unit_src) if factor is not None else st.lost_source
+    return Loss(st.break_cause, round(lc), _ms(lc, src, counts))
+
+
+def _volatile_loss(
+    st: Structure, counts: Counts, factor: float | None, unit_src: str, tol: int
+) -> Loss | None:
+    """A volatile head's cost: the shared part after it, as far as the server read it again."""
+    evaluated = counts.evaluated_tokens
+    shared = st.volatile * factor if factor is not None else float(st.volatile)
+    if evaluated is not None:
+        tokens = min(float(evaluated[0]), shared)
+        src = evaluated[1] if tokens == evaluated[0] else weakest(evaluated[1], unit_src)
+    else:
+        tokens, src = shared, weakest(st.source, unit_src)
+    if tokens <= tol:
+        return None
+    return Loss(SYSTEM_CHANGED, round(tokens), _ms(tokens, src, counts))
 
 
 def losses(st: Structure, counts: Counts, btw: Between | None, cfg: Config) -> Verdict:
@@ -371,26 +586,23 @@ def losses(st: Structure, counts: Counts, btw: Between | None, cfg: Config) -> V
     r_known = reused is not None and factor is not None
     tol = cfg.reuse_tolerance_tokens
 
-    if st.break_cause is not None and not st.compaction and st.lost > 0:
-        lost_srv = st.lost * factor if factor is not None else float(st.lost)
-        src = weakest(st.lost_source, unit_src) if factor is not None else st.lost_source
-        if r_known and reused is not None and factor is not None:
-            # Reuse that reached into the lost region saved part of it.
-            lc = lost_srv - max(0.0, reused[0] - st.lost_start * factor)
-            src = weakest(src, reused[1])
-            keep = lc > tol
-        else:
-            lc = lost_srv
-            keep = lc > 0
-        if keep:
-            v.lost_client = Loss(st.break_cause, round(lc), _ms(lc, src, counts))
-
+    charged = st.break_cause is not None and not st.compaction
+    deficit = 0.0
+    external = False
     if r_known and reused is not None:
         deficit = p_srv - reused[0]
         threshold: float = tol
         if scaled and st.source == ESTIMATE:
             threshold += cfg.estimate_margin * p_srv
-        if deficit > threshold:
+        why = btw.would_cause if btw is not None else None
+        if charged and st.tools_differ and why is None:
+            # The chat template decides where the tools sit (before the system
+            # text, inside it, or late): a changed tools array may break the
+            # prompt before its predicted place, and the shortfall is the
+            # client's, not the server's (docs/analysis.md §7).
+            threshold = float("inf")
+        external = deficit > threshold
+        if external:
             src = weakest(p_src, reused[1])
             r = reused[0]
             if r <= cfg.empty_reuse_tokens:
@@ -400,7 +612,6 @@ def losses(st: Structure, counts: Counts, btw: Between | None, cfg: Config) -> V
             else:
                 kind = SERVER_ROLLBACK
             v.server_kind = kind
-            why = btw.would_cause if btw is not None else None
             if why is not None:
                 ext_cause, row_cause = why, why
             else:
@@ -408,6 +619,11 @@ def losses(st: Structure, counts: Counts, btw: Between | None, cfg: Config) -> V
                 row_cause = UNDETERMINED if btw is not None and btw.skipped else SERVER_RESET
             v.lost_external = Loss(ext_cause, round(deficit), _ms(deficit, src, counts))
             v.cause = row_cause
+
+    if charged:
+        v.lost_client = _client_loss(
+            st, counts, factor, unit_src, deficit if external else 0.0, tol
+        )
 
     if v.lost_client is not None and (
         v.lost_external is None or v.lost_client.tokens >= v.lost_external.tokens

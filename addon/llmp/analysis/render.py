@@ -80,6 +80,40 @@ def _times(n: int) -> str:
     return "once" if n == 1 else f"{n:,} times"
 
 
+WITHIN_WORDS = {
+    "first_256": "in its first 256 characters",
+    "last_256": "in its last 256 characters",
+    "between": "between its first and last 256 characters",
+}
+
+
+def where_text(changed: Any) -> str:
+    """` (system block 1, in its first 256 characters)`: where the change was, no text."""
+    if not isinstance(changed, list) or not changed or not isinstance(changed[0], dict):
+        return ""
+    c = changed[0]
+    role, index = c.get("role"), c.get("index")
+    what = f"{role} message {index}" if isinstance(index, int) else f"{role} message"
+    if role in ("system", "developer") and isinstance(index, int):
+        what = f"{role} block {index}" if index else f"first {role} block"
+    parts = [what, WITHIN_WORDS.get(c.get("within"), "")]
+    if isinstance(c.get("offset"), int):
+        parts.append(f"at character {c['offset']:,}")
+    return " (" + ", ".join(p for p in parts if p) + ")"
+
+
+def _advised(ev: dict[str, Any], fallback: str) -> str:
+    """The harness's own fix when the finding recognised it, else the general one."""
+    tip = ev.get("advice")
+    if not isinstance(tip, dict) or not tip.get("text"):
+        return fallback
+    who = f"{tip['harness']}: " if tip.get("harness") else ""
+    sure = (
+        f" ({tip.get('confidence')} confidence: {tip.get('because')})" if tip.get("because") else ""
+    )
+    return f"{who}{tip['text']}{sure}"
+
+
 def sentence(f: dict[str, Any]) -> tuple[str, str]:
     """One finding as (what happened, what would fix it)."""
     kind = f["kind"]
@@ -91,8 +125,11 @@ def sentence(f: dict[str, Any]) -> tuple[str, str]:
         return (
             f"{join_names(ev.get('clients', []))}'s {shapes} side-calls ran on {model}, the model "
             f"serving the conversation, and evicted the cache {_times(n)}: {_lost(f)}.",
-            "Give side-calls their own slot (llama-server -np 2 with a larger -c) or their own "
-            "model on another server.",
+            _advised(
+                ev,
+                "Give side-calls their own slot (llama-server -np 2 with a larger -c) or their "
+                "own model on another server.",
+            ),
         )
     if kind == "prefix_break":
         what = {
@@ -110,10 +147,26 @@ def sentence(f: dict[str, Any]) -> tuple[str, str]:
         }.get(ev.get("break_cause"), "Keep the start of the prompt stable.")
         share = ev.get("share")
         pct = f" ({share:.0%})" if isinstance(share, (int, float)) else ""
+        where = where_text(ev.get("changed"))
         return (
             f"{f.get('client')} {what} in {ev.get('broken')} of {ev.get('links')} turns{pct} "
-            f"on {model}: {_lost(f)}.",
-            fix,
+            f"on {model}{where}: {_lost(f)}.",
+            _advised(ev, fix),
+        )
+    if kind == "volatile_head":
+        n_conv, n_comp = ev.get("conversations", 0), ev.get("compactions", 0)
+        hit = join_names(
+            [_n(k, noun) for k, noun in ((n_conv, "new conversation"), (n_comp, "compaction")) if k]
+        )
+        where = where_text([ev.get("changed")] if ev.get("changed") else [])
+        return (
+            f"{f.get('client')}'s system prompt differed only in its head{where}, and each "
+            f"of {hit} on {model} read the whole prompt again: {_lost(f)}.",
+            _advised(
+                ev,
+                "Keep the start of the system prompt identical across conversations: put "
+                "anything that changes (a version, a date, a session id) after the stable part.",
+            ),
         )
     if kind == "server_cache_loss":
         sub = ev.get("kind")

@@ -63,8 +63,12 @@ class Row:
     other_conversations_between: list[int] = field(default_factory=list)
     other_domains_between: list[int] = field(default_factory=list)
     loss_measured: bool = False
+    changed: list[dict[str, Any]] | None = None
+    """Additive: where each changed message changed (docs/analysis.md §7)."""
     # Not in the report: what the aggregates need besides the row fields.
     served: str = ""
+    volatile: Loss | None = None  # a volatile head's cost (the `volatile_head` finding)
+    volatile_where: dict[str, Any] | None = None
 
     def head(self) -> dict[str, Any]:
         return {"id": self.id, "api": self.api, "model": self.model}
@@ -120,6 +124,7 @@ class Row:
             "other_conversations_between": self.other_conversations_between,
             "other_domains_between": self.other_domains_between,
             "loss_measured": self.loss_measured,
+            "changed": self.changed,
         }
 
     def spill_line(self) -> bytes:

@@ -21,7 +21,7 @@ from llmp.analysis.html.common import (
     is_break,
 )
 from llmp.analysis.html.page import _Page
-from llmp.analysis.render import duration, short_model
+from llmp.analysis.render import WITHIN_WORDS, duration, short_model
 
 
 def _msg_cells(m: dict[str, Any] | None) -> tuple[str, str, str]:
@@ -49,6 +49,11 @@ def _diff_line(op: dict[str, Any], first: bool) -> str:
         role = role_a if role_a == role_b else f"{role_b} → {role_a}"
         chars = f"{chars_b} → {chars_a}"
         hsh = f"{hash_b} → {hash_a}"
+        where = op.get("where")
+        if isinstance(where, dict) and where.get("within") in WITHIN_WORDS:
+            role += f", changed {WITHIN_WORDS[where['within']]}"
+            if _int(where.get("offset")) is not None:
+                role += f" (at character {where['offset']:,})"
     elif kind == "removed":
         role, chars, hsh = role_b, chars_b, hash_b
     else:
