@@ -72,7 +72,7 @@ def check_shape(rep: dict[str, Any]) -> None:
     assert list(cov) == [
         "records", "analysed", "skipped", "paths", "bad_lines",
         "turns", "conversations", "turns_with_reuse", "turns_with_timing",
-        "context_exceeded",
+        "context_exceeded", "previous_response",  # additive (docs/analysis.md §2)
     ]  # fmt: skip
     assert list(cov["skipped"]) == ["not_chat", "error", "non_2xx", "unparsed"]
     for s in rep["servers"]:

@@ -25,8 +25,9 @@ SHAPES = (SUMMARISE, STRUCTURED, ONESHOT)
 
 
 def is_probe(ex: Exchange, cfg: Config) -> bool:
-    """Nothing a later request could build on: no messages, or a probe."""
-    if not ex.hashes:
+    """Nothing a later request could build on by its messages: none, a probe, or a
+    Responses request that continues a stored prompt (`previous_response_id`)."""
+    if not ex.hashes or ex.stored_prompt:
         return True
     return (
         ex.max_tokens is not None

@@ -87,6 +87,7 @@ class Engine:
         row, btw = self._row(s, ex)
         if report:
             self.totals.add(row)
+            self.totals.stored(ex)
             self.totals.offer(row.client, ex, session)
             self.findings.add(row, btw, ex)
         if self.spill is not None:
@@ -103,7 +104,8 @@ class Engine:
             if len(ex.hashes) > n_sys
             else None
         )
-        link = find_link(ex, s.candidates(ex.ua, ex.served_model), same_start, cfg)
+        group = None if ex.stored_prompt else s.candidates(ex.ua, ex.served_model)
+        link = find_link(ex, group, same_start, cfg)
         ref = link.conv if link is not None else s.recent_by_ua.get(ex.ua)
         st = compare(ex, link, cfg)
         kind, shape = classify(ex, link, ref, st.total, cfg)

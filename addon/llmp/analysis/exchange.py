@@ -100,6 +100,7 @@ class Exchange:
         "out_tool_names",
         "requested_model",
         "served_model",
+        "stored_prompt",
         "streamed",
         "structured",
         "t_end",
@@ -130,6 +131,9 @@ class Exchange:
     tools: Tools
     tool_digests: list[Any]
     structured: bool
+    stored_prompt: bool
+    """A Responses request with `previous_response_id` (R25): it continues a prompt the
+    server stored, which the request does not carry, so it is not compared by messages."""
     max_tokens: int | None
     num_ctx: int | None
     tokmap: dict[str, Any] | None
@@ -353,6 +357,7 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
     params = digest.get("params")
     params = params if isinstance(params, dict) else {}
     ex.structured = params.get("response_format") is True or params.get("grammar") is True
+    ex.stored_prompt = params.get("previous_response") is True
     mt = params.get("max_tokens")
     ex.max_tokens = mt if type(mt) is int else None
     ex.num_ctx = api.context_limit(req.get("body"))  # full mode only: digests drop options

@@ -389,6 +389,13 @@ def render(
             )
             + "."
         )
+    stored = cov.get("previous_response") or 0
+    if stored:
+        lines.append(
+            f"{_n(stored, 'Responses request')} continued a stored response "
+            "(previous_response_id): the prompt they extend is the server's, not in the "
+            "request, so they were not compared by their messages (counted as stateless)."
+        )
     if cov["bad_lines"]:
         lines.append(f"{cov['bad_lines']:,} lines could not be read.")
     if cov["turns"]:

@@ -91,6 +91,7 @@ class Totals:
         self.turns_with_timing = 0
         self.side_calls = 0
         self.stateless = 0
+        self.stored_prompts = 0
         self.conversations = 0
         self.servers: dict[str, set[str]] = {}
         self._unseen: dict[str, list[str]] = {}
@@ -114,6 +115,10 @@ class Totals:
         self.skipped[reason] += 1
         if path is not None:
             self.paths[path] += 1
+
+    def stored(self, ex: Exchange) -> None:
+        """A request that continues a stored prompt: counted, not compared."""
+        self.stored_prompts += ex.stored_prompt
 
     def offer(self, client: int, ex: Exchange, session: int) -> None:
         """Tools offered and called by a row's request and reply."""
@@ -312,6 +317,9 @@ def build_header(
             "context_exceeded": sum(
                 f["evidence"]["refused"] for f in findings if f["kind"] == CONTEXT_OVERFLOW
             ),
+            # Additive: Responses requests with previous_response_id (R25), stateless
+            # rows, since the prompt they continue is the server's, not in the request.
+            "previous_response": totals.stored_prompts,
         },
         "servers": servers,
         "time": {
