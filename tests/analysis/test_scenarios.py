@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from llmp.analysis.config import Config
 from tests.support import scenarios as sc
 from tests.support.scenarios import analyse, rows_by_id, value
 
@@ -387,3 +388,42 @@ def test_bad_lines_out_of_order_ids_and_two_sessions(tmp_path: Path) -> None:
     assert [r["linked_to"] for r in rep["rows"]] == [None, 1, 2, None, 1]
     assert result.stats.sessions == 2
     check_totals(rep)
+
+
+def test_a_side_call_that_comes_first(tmp_path: Path, mode: str) -> None:
+    """opencode's title call comes before the first turn: still a side-call (§5)."""
+    tr = sc.Traffic()
+    a = sc.Agent(tr, sc.LlamaServer())
+    a.side_call(
+        "You generate a short title for a conversation.",
+        sc.text("t0 ask", 200),
+        "Fix the parser",
+        max_tokens=32,
+    )
+    sc.work(a, 3)
+    rep = analyse(tr, tmp_path, mode)
+    r = rows_by_id(rep)
+    assert r[1]["kind"] == "side_call" and r[1]["side_call_shape"] == "oneshot"
+    assert r[1]["conversation"] is None and r[1]["turn"] is None
+    assert [r[i]["conversation"] for i in (2, 3, 4)] == [1, 1, 1]
+    assert [r[i]["turn"] for i in (2, 3, 4)] == [1, 2, 3]
+    assert rep["coverage"]["conversations"] == 1 and rep["coverage"]["turns"] == 3
+    assert r[2]["linked_to"] is None and r[2]["break_cause"] is None
+    check_totals(rep)
+    # Without the look-ahead (--side-call-lookahead 0), as the live view sees it: a turn.
+    live = rows_by_id(analyse(tr, tmp_path, mode, cfg=Config(side_call_lookahead=0)))
+    assert live[1]["kind"] == "turn" and live[1]["conversation"] == 1
+    # ...and the first real turn would look like a broken continuation of it.
+    assert live[2]["linked_to"] == 1 and live[2]["break_cause"] == "system_changed"
+
+
+def test_a_first_turn_without_tools_stays_a_turn(tmp_path: Path, mode: str) -> None:
+    """A chat that starts without tools and goes on without them is a conversation."""
+    tr = sc.Traffic()
+    a = sc.Agent(tr, sc.LlamaServer(), tools=None)
+    a.turn(sc.text("t0 ask", 150), sc.text("t0 answer", 300))
+    a.turn(sc.text("t1 ask", 150), sc.text("t1 answer", 300))
+    rep = analyse(tr, tmp_path, mode)
+    r = rows_by_id(rep)
+    assert r[1]["kind"] == "turn" and r[1]["conversation"] == 1
+    assert r[2]["linked_to"] == 1 and rep["coverage"]["conversations"] == 1

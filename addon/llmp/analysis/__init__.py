@@ -89,6 +89,7 @@ def analyze(
                 fed = engine.feed(session, rec)
                 if watch is not None and fed is not None:
                     watch(session, fed)
+            engine.flush()
         except BaseException:
             engine.close()
             raise

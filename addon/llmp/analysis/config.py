@@ -27,6 +27,7 @@ class Config:
     ollama_evaluated_share: float = 0.4
     min_lost_tokens: int = 256
     volatile_head_chars: int = 512
+    side_call_lookahead: int = 32
     unused_tool_min_offered: int = 20
     large_tool_tokens: int = 1000
     large_system_tokens: int = 4096
@@ -101,6 +102,12 @@ OPTIONS: list[tuple[str, str, str]] = [
         "volatile_head_chars",
         "--volatile-head-chars",
         "a changed leading system block (or edit) this short makes a volatile head",
+    ),
+    (
+        "side_call_lookahead",
+        "--side-call-lookahead",
+        "records to wait for a client's next request before a first one-off turn is final "
+        "(a side-call that comes first); 0: never wait",
     ),
     (
         "unused_tool_min_offered",

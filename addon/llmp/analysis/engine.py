@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import IO, Any
 
-from llmp.analysis.classify import SIDE_CALL, STATELESS, SUMMARISE, TURN, classify
+from llmp.analysis.classify import ONESHOT, SIDE_CALL, STATELESS, SUMMARISE, TURN, classify
 from llmp.analysis.clients import ClientRegistry
 from llmp.analysis.config import Config
 from llmp.analysis.counters import Timing, counts_for
@@ -24,6 +24,21 @@ from llmp.analysis.report import Spill, Totals, build_header, spilled_rows, writ
 from llmp.analysis.rows import Row
 from llmp.apis.base import CountHints, Counts
 from llmp.format.measure import SERVER, weakest
+
+
+@dataclass(slots=True)
+class _Held:
+    """A first turn held back until the client's next request says what it was."""
+
+    fed: Fed
+    conv: Conversation
+    entry: RingEntry
+    waited: int = 0
+
+
+def _may_be_a_side_call(ex: Exchange) -> bool:
+    """A first turn that could be a one-off side-call: no tools, nothing answered yet."""
+    return not ex.tools.names and not ex.has_model_msgs and len(ex.hashes) - ex.n_sys <= 2
 
 
 @dataclass(slots=True)
@@ -64,6 +79,9 @@ class Engine:
         self.session: Session | None = None
         self.conversations = 0
         self._tools_cache: dict[str, Tools] = {}
+        # A first turn that may yet prove a side-call (`_decide_held`); offline only.
+        self._held: _Held | None = None
+        self._made: tuple[Conversation, RingEntry] | None = None
 
     # -- input ------------------------------------------------------------
 
@@ -75,7 +93,15 @@ class Engine:
             self.totals.record(rec["t_start_ms"])
         s = self.session
         if s is None or s.number != session:
+            self.flush()
             s = self.session = Session(session, self.cfg)
+        held = self._held
+        if held is not None:
+            held.waited += 1
+            if isinstance(ex, Exchange) and ex.ua == held.fed.exchange.ua:
+                self._decide_held(s, ex)
+            elif held.waited > self.cfg.side_call_lookahead:
+                self._emit(self._release())
         if isinstance(ex, Skip):
             if ex.chat:
                 s.skip(rec)
@@ -84,17 +110,64 @@ class Engine:
                 if ex.refusal is not None:
                     self.findings.refused(session, rec["id"], ex.refusal)
             return None
+        self._made = None
         row, btw = self._row(s, ex)
-        if report:
+        fed = Fed(row, btw, ex)
+        made = self._made
+        if (
+            report
+            and made is not None
+            and self.cfg.side_call_lookahead > 0
+            and _may_be_a_side_call(ex)
+        ):
+            self._held = _Held(fed, made[0], made[1])  # decided by what the client sends next
+        else:
+            self._emit(fed)
+        return fed
+
+    def _emit(self, fed: Fed) -> None:
+        """Sum a final row into the totals and findings, and keep it."""
+        row, ex = fed.row, fed.exchange
+        if self.report:
             self.totals.add(row)
             self.totals.stored(ex)
-            self.totals.offer(row.client, ex, session)
-            self.findings.add(row, btw, ex)
+            self.totals.offer(row.client, ex, row.session)
+            self.findings.add(row, fed.between, ex)
         if self.spill is not None:
             self.spill.write(row)
         if self.kept is not None:
             self.kept.append(row)
-        return Fed(row, btw, ex)
+
+    def _release(self) -> Fed:
+        held, self._held = self._held, None
+        assert held is not None
+        return held.fed
+
+    def flush(self) -> None:
+        """Decide what still waits (at the end of the input, or of a session)."""
+        if self._held is not None:
+            self._emit(self._release())
+
+    def _decide_held(self, s: Session, ex: Exchange) -> None:
+        """The held first turn was a side-call when the same client's next request starts
+        a tool-using conversation with another system prompt (opencode's title call
+        before its first turn, docs/analysis.md §5); else it was the turn it looked."""
+        held = self._held
+        assert held is not None
+        fed = self._release()
+        first = fed.exchange
+        if not (ex.tools.names and ex.hashes[: ex.n_sys] != first.hashes[: first.n_sys]):
+            self._emit(fed)
+            return
+        row, conv = fed.row, held.conv
+        s.forget(conv)
+        if conv.number == self.conversations:
+            self.conversations -= 1  # its number goes to the conversation that follows
+        row.kind, row.side_call_shape = SIDE_CALL, ONESHOT
+        row.conversation = row.turn = None
+        row.new_conversation = False
+        held.entry.kind, held.entry.shape, held.entry.conversation = SIDE_CALL, ONESHOT, None
+        self._emit(fed)
 
     def _row(self, s: Session, ex: Exchange) -> tuple[Row, Between | None]:
         cfg = self.cfg
@@ -201,9 +274,10 @@ class Engine:
         )
         conv.last = state
         s.touch(conv)
-        s.ring.append(
-            RingEntry(ex.id, ex.served_model, TURN, conv.number, None, conv.client, model)
-        )
+        entry = RingEntry(ex.id, ex.served_model, TURN, conv.number, None, conv.client, model)
+        s.ring.append(entry)
+        if link is None:
+            self._made = (conv, entry)
         return row, btw
 
     @staticmethod

@@ -137,6 +137,18 @@ class Session:
         if first is not None:
             self.by_first.setdefault((conv.ua, conv.served, first), {})[conv.number] = conv
 
+    def forget(self, conv: Conversation) -> None:
+        """Drop a conversation that proved no conversation (a side-call held back)."""
+        self.lru.pop(conv.number, None)
+        self._index(conv, None)
+        group = self.by_key.get((conv.ua, conv.served))
+        if group is not None:
+            group.pop(conv.number, None)
+            if not group:
+                del self.by_key[(conv.ua, conv.served)]
+        if self.recent_by_ua.get(conv.ua) is conv:
+            del self.recent_by_ua[conv.ua]
+
     def touch(self, conv: Conversation) -> None:
         """Mark a conversation as the most recently active one."""
         key = (conv.ua, conv.served)
