@@ -302,6 +302,7 @@ def banner_lines(cfg: ProxyConfig, port: int) -> list[str]:
         lines += [
             f"llmp proxy: {shown}:{port} -> {cfg.upstream}. Point your client here:",
             f"  OPENAI_BASE_URL={base}/v1",
+            f"  ANTHROPIC_BASE_URL={base}",
             f"  OLLAMA_HOST={base}",
         ]
     else:
@@ -320,7 +321,8 @@ def banner_lines(cfg: ProxyConfig, port: int) -> list[str]:
         what = "digest: hashes and counts, no message text; --full keeps bodies"
     lines.append(f"Recording to {s.file} ({what}).")
     if s.live:
-        lines.append(f"Live view: a line per chat request below; summary at {base}/_llmp/summary")
+        where = f"in {s.live_log}" if s.live_log else "below"
+        lines.append(f"Live view: a line per chat request {where}; summary at {base}/_llmp/summary")
     if not _is_loopback(cfg.host):
         who = "as an open proxy" if cfg.forward else f"to reach {cfg.upstream}"
         lines.append(
