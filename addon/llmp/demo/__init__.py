@@ -1,1 +1,1 @@
-"""llmp.demo.command."""
+"""`llmp demo` and the fake model servers it (and the tests) run against."""

@@ -1,4 +1,5 @@
-"""Fake model servers: llama.cpp ``llama-server`` and Ollama, for `llmp demo` and the tests.
+"""Fake model servers, for `llmp demo` and the tests: llama.cpp ``llama-server`` (chat,
+Anthropic Messages, Responses) and Ollama.
 
 They speak the wire formats of ``shared/spec/wire-formats.md`` (the llmp contract) byte for
 byte, from a raw asyncio stream server on 127.0.0.1 in a daemon thread, so a
