@@ -16,10 +16,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     from llmp.analysis import command as analyze_command
     from llmp.demo import command as demo
-    from llmp.recorder import proxy
+    from llmp.recorder import proxy, run
 
     demo.register(sub)
     proxy.register(sub)
+    run.register(sub)
     analyze_command.register(sub)
     return parser
 

@@ -214,20 +214,43 @@ def _print_json(result: Analysis, header: dict[str, Any]) -> None:
 
 def print_readable(paths: list[str], cfg: Config | None = None) -> None:
     """Analyse the recordings and print the readable report (what `llmp analyze` prints)."""
-    result = analyze(paths, cfg, progress=False, rows=False)
+    explain(paths, cfg)
+
+
+def explain(
+    paths: list[str],
+    cfg: Config | None = None,
+    *,
+    out: IO[str] | None = None,
+    html: Path | None = None,
+) -> None:
+    """The readable report of the recordings to `out` (stdout), and the page to `html`,
+    from one pass (`llmp demo` and `llmp run` call this)."""
+    result = analyze(
+        paths,
+        cfg,
+        progress=False,
+        rows=False,
+        keep=html is not None,
+        changes=MAX_CHANGES if html is not None else None,
+    )
     try:
-        _print_readable(result, result.header())
+        header = result.header()
+        _print_readable(result, header, out)
+        if html is not None:
+            _write_html(result, header, html)
     finally:
         result.close()
 
 
-def _print_readable(result: Analysis, header: dict[str, Any]) -> None:
+def _print_readable(result: Analysis, header: dict[str, Any], out: IO[str] | None = None) -> None:
     from rich.console import Console
 
     from llmp.analysis.render import render
 
     engine = result.engine
-    console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 110)
+    stream = out if out is not None else sys.stdout
+    console = Console(file=stream, width=None if stream.isatty() else 110)
     render(
         console,
         header,

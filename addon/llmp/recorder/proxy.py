@@ -342,11 +342,7 @@ class Banner:
         self.done_called = False
 
     def running(self) -> None:
-        from mitmproxy import ctx
-
-        ps = ctx.master.addons.get("proxyserver")
-        addrs = ps.listen_addrs() if ps is not None else []
-        port = addrs[0][1] if addrs else self.cfg.port
+        port = listening_port(self.cfg.port)
         print("\n".join(banner_lines(self.cfg, port)), flush=True)
 
     def done(self) -> None:
@@ -366,19 +362,21 @@ def _setup_logging(verbose: bool) -> None:
         logging.getLogger(name).setLevel(quiet)
 
 
-async def serve(cfg: ProxyConfig) -> int:
-    """Run mitmproxy with the recorder until SIGINT or SIGTERM; return the exit code."""
+def make_master(cfg: ProxyConfig, *, termlog: bool = True, addons: tuple[Any, ...] = ()) -> Any:
+    """mitmproxy's DumpMaster with the recorder and `addons`, configured for `cfg`.
+
+    Returns `(master, recorder)`; raises `UsageError` with the recorder's one-line
+    reason when it cannot start (a file in use, unwritable).  Must run in the loop.
+    """
     from mitmproxy import exceptions, hooks
     from mitmproxy import options as mitm_options
     from mitmproxy.tools.dump import DumpMaster
 
     from llmp.recorder.addon import Recorder
 
-    _setup_logging(cfg.verbose)
     opts = mitm_options.Options()
-    master = DumpMaster(opts, with_termlog=True, with_dumper=True)
+    master = DumpMaster(opts, with_termlog=termlog, with_dumper=termlog)
     recorder = Recorder(raise_on_startup_error=True)
-    banner = Banner(cfg)
     try:
         opts.update(
             mode=[cfg.mode],
@@ -388,12 +386,13 @@ async def serve(cfg: ProxyConfig) -> int:
             # The recorder needs lazy connects (R13); setting it here saves it
             # from changing options inside its own configure.
             connection_strategy="lazy",
-            flow_detail=1 if cfg.verbose else 0,
         )
+        if termlog:  # the dumper's option: it prints the flows to the terminal
+            opts.update(flow_detail=1 if cfg.verbose else 0)
         # Not known until the recorder's `load` adds them: deferred, then
         # applied by mitmproxy as the addon registers.
         opts.update_defer(**cfg.recorder_options())
-        master.addons.add(recorder, banner)
+        master.addons.add(recorder, *addons)
         # Addons added after the options were set get their first configure
         # directly, as mitmproxy's script loader does; an OptionsError here
         # (a file in use, unwritable) is our one-line reason.
@@ -402,7 +401,23 @@ async def serve(cfg: ProxyConfig) -> int:
         if recorder.writer is not None:
             recorder.writer.close()
         raise UsageError(_flagify(str(exc))) from None
+    return master, recorder
 
+
+def listening_port(default: int) -> int:
+    """The port mitmproxy listens on (port 0 picks one): ask its proxyserver addon."""
+    from mitmproxy import ctx
+
+    ps = ctx.master.addons.get("proxyserver")
+    addrs = ps.listen_addrs() if ps is not None else []
+    return int(addrs[0][1]) if addrs else default
+
+
+async def serve(cfg: ProxyConfig) -> int:
+    """Run mitmproxy with the recorder until SIGINT or SIGTERM; return the exit code."""
+    _setup_logging(cfg.verbose)
+    banner = Banner(cfg)
+    master, recorder = make_master(cfg, addons=(banner,))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, master.shutdown)
@@ -433,27 +448,8 @@ def _run(args: argparse.Namespace) -> int:
         return 2
 
 
-def register(sub: Any) -> None:
-    """Add the `proxy` subcommand."""
-    parser = sub.add_parser(
-        "proxy",
-        help="record traffic in front of a model server",
-        description=(
-            "Run a recording proxy in front of a model server (llama-server, Ollama, vLLM, "
-            "any OpenAI-compatible server). Point the client at the printed address."
-        ),
-    )
-    parser.add_argument(
-        "--upstream",
-        metavar="URL",
-        help="the model server, e.g. http://127.0.0.1:8080 (required unless --forward)",
-    )
-    parser.add_argument(
-        "--listen",
-        metavar="HOST:PORT",
-        default=DEFAULT_LISTEN,
-        help=f"where clients connect (default {DEFAULT_LISTEN}; port 0 picks a free one)",
-    )
+def add_recorder_flags(parser: argparse.ArgumentParser) -> None:
+    """The recorder's flags, shared by `llmp proxy` and `llmp run` (one table: `options`)."""
     parser.add_argument(
         "--out", metavar="FILE", help="the recording, appended to (default llmp-<date>.jsonl)"
     )
@@ -503,11 +499,6 @@ def register(sub: Any) -> None:
         help="append one CSV row per analysed chat request to FILE (header row first)",
     )
     parser.add_argument(
-        "--forward",
-        action="store_true",
-        help="forward proxy for HTTPS clients (HTTPS_PROXY) instead of --upstream",
-    )
-    parser.add_argument(
         "--confdir",
         metavar="DIR",
         default=DEFAULT_CONFDIR,
@@ -516,4 +507,33 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="also show mitmproxy's per-request log"
     )
+
+
+def register(sub: Any) -> None:
+    """Add the `proxy` subcommand."""
+    parser = sub.add_parser(
+        "proxy",
+        help="record traffic in front of a model server",
+        description=(
+            "Run a recording proxy in front of a model server (llama-server, Ollama, vLLM, "
+            "any OpenAI-compatible server). Point the client at the printed address."
+        ),
+    )
+    parser.add_argument(
+        "--upstream",
+        metavar="URL",
+        help="the model server, e.g. http://127.0.0.1:8080 (required unless --forward)",
+    )
+    parser.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        default=DEFAULT_LISTEN,
+        help=f"where clients connect (default {DEFAULT_LISTEN}; port 0 picks a free one)",
+    )
+    parser.add_argument(
+        "--forward",
+        action="store_true",
+        help="forward proxy for HTTPS clients (HTTPS_PROXY) instead of --upstream",
+    )
+    add_recorder_flags(parser)
     parser.set_defaults(handler=_run)
