@@ -45,7 +45,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,7 +151,7 @@ class Conv:
 
     def __init__(self, system: list[dict[str, Any]], tools: ToolSet) -> None:
         self.raw: list[dict[str, Any]] = []
-        self.dig: list[dict[str, Any]] = []
+        self.dig: list[Mapping[str, Any]] = []
         self.blocks: list[str] = []
         self.cum: list[int] = [1]  # <bos>
         self.tools = tools
@@ -161,7 +161,7 @@ class Conv:
         self.cum.append(self.cum[-1] + tools.tokens)
         self.chars = 0  # non-system text, to decide on compaction
 
-    def _append(self, m: dict[str, Any], d: dict[str, Any]) -> None:
+    def _append(self, m: dict[str, Any], d: Mapping[str, Any]) -> None:
         self.raw.append(m)
         self.dig.append(d)
         self.blocks.append(d["hash"])

@@ -866,9 +866,10 @@ def enrich_and_analyze(recording: Path, server_url: str) -> tuple[dict[str, Any]
     if cli_has_tokenize():
         out = _llmp("analyze", rec, "--tokenize", server_url, "--json", "--no-progress")
     else:  # until the CLI has --tokenize: the same code, called directly
+        from llmp.apis import record_targets
         from llmp.format.token_counts import enrich_file
 
-        enrich_file(recording, server_url, progress=False)
+        enrich_file(recording, server_url, targets=record_targets, progress=False)
         out = _llmp("analyze", rec, "--json", "--no-progress")
     try:
         report = json.loads(out)

@@ -173,7 +173,7 @@ def test_canonical_escapes_and_raw_utf8_in_the_hash() -> None:
 
 def test_moving_cache_control_keeps_every_hash() -> None:
     """Claude Code puts the marker on the last blocks; the next turn moves it."""
-    system = [
+    system: list[dict[str, Any]] = [
         {"type": "text", "text": BILLING},
         {"type": "text", "text": IDENTITY, "cache_control": EPHEMERAL},
     ]
@@ -424,7 +424,7 @@ def test_count_targets_texts_and_tools() -> None:
 # ------------------------------------------------------------- stream fixtures
 
 MODEL = "/models/qwen3.6-35b-a3b-q4_k_m.gguf"
-START = {
+START: dict[str, Any] = {
     "type": "message_start",
     "message": {
         "id": "chatcmpl-Ab3Cd5Ef",

@@ -90,10 +90,10 @@ def _assert_common(rec: dict[str, Any]) -> None:
 def test_openai_streamed_with_tools_and_usage(llama: Upstream, rec_path: Path) -> None:
     with Mitmdump(llama.url, rec_path) as proxy:
         client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=SECRET, max_retries=0)
-        stream = client.chat.completions.create(
+        stream = client.chat.completions.create(  # type: ignore[call-overload]
             model="smol",
-            messages=_messages(2),  # type: ignore[arg-type]
-            tools=TOOLS,  # type: ignore[arg-type]
+            messages=_messages(2),
+            tools=TOOLS,
             stream=True,
             stream_options={"include_usage": True},
             temperature=0.7,
@@ -147,11 +147,11 @@ def test_openai_streamed_with_tools_and_usage(llama: Upstream, rec_path: Path) -
 def test_full_mode_merges_stream_like_the_client(llama: Upstream, rec_path: Path) -> None:
     with Mitmdump(llama.url, rec_path, {"llmp_body": "full"}) as proxy:
         client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
-        stream = client.chat.completions.create(
+        stream = client.chat.completions.create(  # type: ignore[call-overload]
             model="smol",
             messages=_messages(1),
             tools=TOOLS,
-            stream=True,  # type: ignore[arg-type]
+            stream=True,
             stream_options={"include_usage": True},
         )
         content, args = [], []
@@ -219,7 +219,10 @@ def test_httpx_bytes_identical_and_not_buffered(llama: Upstream, rec_path: Path)
 def test_ollama_streamed_and_not(ollama_up: Upstream, rec_path: Path) -> None:
     with Mitmdump(ollama_up.url, rec_path, {"llmp_body": "full"}) as proxy:
         client = ollama.Client(host=proxy.url)
-        parts, thinking, calls, final = [], [], [], None
+        parts: list[str] = []
+        thinking: list[str] = []
+        calls: list[Any] = []
+        final: Any = None
         for part in client.chat(
             model="qwen3", messages=_messages(1), tools=TOOLS, stream=True, think=True
         ):

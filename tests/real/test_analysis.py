@@ -130,7 +130,7 @@ class Recorder:
                 "tokens": None,
             }
         )
-        return resp  # type: ignore[no-any-return]
+        return resp
 
     def write(self, path: Path) -> Path:
         path.write_bytes(b"".join(record_dumps(r) + b"\n" for r in self.records))

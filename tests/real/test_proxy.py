@@ -36,9 +36,9 @@ def test_llmp_proxy_records_real_clients(llama: LlamaServer, tmp_path: Path) -> 
         messages: list[dict[str, str]] = [{"role": "user", "content": "Say hello."}]
         replies = []
         for turn in range(2):
-            stream = client.chat.completions.create(
+            stream = client.chat.completions.create(  # type: ignore[call-overload]
                 model="smol",
-                messages=messages,  # type: ignore[arg-type]
+                messages=messages,
                 stream=True,
                 stream_options={"include_usage": True},
                 max_tokens=8,

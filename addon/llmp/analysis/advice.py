@@ -83,7 +83,7 @@ def volatile_block(where: dict[str, Any] | None, label: str | None) -> dict[str,
     place = {
         FIRST_256: "near its start",
         LAST_256: "near its end",
-    }.get(within, "in its middle")
+    }.get(str(within), "in its middle")
     text = (
         f"The system prompt changes {place} from one request to the next (a date, a clock or an "
         "environment block): move that part after the stable instructions, or into the latest "

@@ -412,10 +412,10 @@ class Findings:
 
         vol: dict[tuple[str, str], LossGroup] = {}
         for (client, served), g in self.volatile.items():
-            key = (label(client), served)
-            if key not in vol:
-                vol[key] = LossGroup()
-            vol[key].merge(g)
+            vkey = (label(client), served)
+            if vkey not in vol:
+                vol[vkey] = LossGroup()
+            vol[vkey].merge(g)
         for (name, served), g in vol.items():
             conf = HIGH if g.measured and not g.unmeasured else MEDIUM if g.measured else LOW
             f = self._loss_finding(VOLATILE_HEAD, served, name, g, conf, tokens_always=True)

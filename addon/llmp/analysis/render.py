@@ -96,7 +96,7 @@ def where_text(changed: Any) -> str:
     what = f"{role} message {index}" if isinstance(index, int) else f"{role} message"
     if role in ("system", "developer") and isinstance(index, int):
         what = f"{role} block {index}" if index else f"first {role} block"
-    parts = [what, WITHIN_WORDS.get(c.get("within"), "")]
+    parts = [what, WITHIN_WORDS.get(str(c.get("within")), "")]
     if isinstance(c.get("offset"), int):
         parts.append(f"at character {c['offset']:,}")
     return " (" + ", ".join(p for p in parts if p) + ")"
