@@ -299,13 +299,8 @@ class Engine:
             has_tools=bool(ex.tools.names),
             max_tokens=ex.max_tokens,
             out_chars=ex.out_chars,
-            edges=tuple(ex.edges(i) for i in range(len(ex.hashes))),
-            roles=tuple(m.get("role") if isinstance(m, dict) else None for m in ex.msgs),
-            tool_hashes=frozenset(
-                h
-                for t in ex.tool_digests
-                if isinstance(t, dict) and type(h := t.get("hash")) is str
-            ),
+            msgs=ex.msgs,
+            tool_digests=ex.tool_digests,
             texts=ex.texts,
         )
 

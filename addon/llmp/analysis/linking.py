@@ -44,19 +44,43 @@ class TurnState:
     max_tokens: int | None
     out_chars: int
     rest_hash: int = 0  # hash(rest): a continuation check that touches no old strings
-    edges: tuple[tuple[int, Any, Any], ...] = ()
-    """Each message's (chars, head, tail): where in a message a later change falls."""
-    roles: tuple[Any, ...] = ()
-    tool_hashes: frozenset[str] = frozenset()
+    msgs: list[Any] = field(default_factory=list)
+    """The message digests as read (kept by reference: no work per message per turn);
+    where in a message a later change falls comes from their sizes and edge hashes."""
+    tool_digests: list[Any] = field(default_factory=list)
     texts: tuple[str, ...] | None = None
     """Each message's text, in full mode only."""
     _rest_set: frozenset[str] | None = None
+    _tool_hashes: frozenset[str] | None = None
 
     @property
     def rest_set(self) -> frozenset[str]:
         if self._rest_set is None:
             self._rest_set = frozenset(self.rest)
         return self._rest_set
+
+    @property
+    def tool_hashes(self) -> frozenset[str]:
+        """The hashes of its tool definitions (built once, when a change asks)."""
+        if self._tool_hashes is None:
+            self._tool_hashes = frozenset(
+                h
+                for t in self.tool_digests
+                if isinstance(t, dict) and type(h := t.get("hash")) is str
+            )
+        return self._tool_hashes
+
+    def edges(self, j: int) -> tuple[int, Any, Any]:
+        """Message j's size in characters and its head and tail hashes (R5)."""
+        m = self.msgs[j] if j < len(self.msgs) else None
+        if not isinstance(m, dict):
+            return 0, None, None
+        chars = m.get("chars")
+        return (chars if type(chars) is int else 0), m.get("head"), m.get("tail")
+
+    def role(self, j: int) -> Any:
+        m = self.msgs[j] if j < len(self.msgs) else None
+        return m.get("role") if isinstance(m, dict) else None
 
 
 @dataclass(slots=True)

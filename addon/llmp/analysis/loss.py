@@ -220,7 +220,7 @@ def _charge(
             continue
         where = _where_changed(ex, i, last, j)
         st.changed.append(where)
-        rewritten = where["within"] == FIRST_256 and ex.edges(i)[2] != last.edges[j][2]
+        rewritten = where["within"] == FIRST_256 and ex.edges(i)[2] != last.edges(j)[2]
         fresh += _grown(t, where, rewritten)
     if not (sys_eq and tools_eq):  # else the tools block is inside the prefix
         t = int(st.tools[0])
@@ -259,7 +259,7 @@ def _volatile_head(
     if ex.hashes[ps + 1 : nsys] != last.sys[ps + 1 :]:
         return  # more than one system message changed
     chars, head, tail = ex.edges(ps)
-    ochars, ohead, otail = last.edges[ps]
+    ochars, ohead, otail = last.edges(ps)
     short = max(chars, ochars) <= cfg.volatile_head_chars
     edited_head = head != ohead and tail == otail and abs(chars - ochars) <= cfg.volatile_head_chars
     if not (short or edited_head):
@@ -286,11 +286,11 @@ def _old_counterpart(
     old_nsys = len(last.sys)
     if i < nsys:
         return i if i < old_nsys else None
-    if i == nsys + k and old_nsys + k < len(last.edges):
+    if i == nsys + k and old_nsys + k < len(last.msgs):
         j = old_nsys + k
         m = ex.msgs[i]
         role = m.get("role") if isinstance(m, dict) else None
-        return j if role == last.roles[j] else None
+        return j if role == last.role(j) else None
     return None
 
 
@@ -304,7 +304,7 @@ def _where_changed(ex: Exchange, i: int, last: TurnState, j: int) -> dict[str, A
     use them, so a full and a digest recording charge alike.
     """
     chars, head, tail = ex.edges(i)
-    ochars, ohead, otail = last.edges[j]
+    ochars, ohead, otail = last.edges(j)
     if head != ohead:
         within = FIRST_256
     elif tail != otail:
@@ -585,6 +585,7 @@ def losses(st: Structure, counts: Counts, btw: Between | None, cfg: Config) -> V
 
     r_known = reused is not None and factor is not None
     tol = cfg.reuse_tolerance_tokens
+    v.volatile = _volatile_loss(st, counts, factor, unit_src, tol) if st.volatile else None
 
     charged = st.break_cause is not None and not st.compaction
     deficit = 0.0
