@@ -427,3 +427,32 @@ def test_a_first_turn_without_tools_stays_a_turn(tmp_path: Path, mode: str) -> N
     r = rows_by_id(rep)
     assert r[1]["kind"] == "turn" and r[1]["conversation"] == 1
     assert r[2]["linked_to"] == 1 and rep["coverage"]["conversations"] == 1
+
+
+def test_a_side_call_that_works_on_the_history(tmp_path: Path, mode: str) -> None:
+    """Qwen Code's memory extraction: the whole history under another system prompt,
+    with a few of the conversation's tools, after every turn; a side-call, not a break."""
+    tr = sc.Traffic()
+    a = sc.Agent(tr, sc.LlamaServer())
+    sc.work(a, 2)
+    memory = [{"role": "system", "content": "You extract memories. " * 30}, *a.messages[1:]]
+    memory.append({"role": "user", "content": "Scan the recent conversation for memories."})
+    body = {"model": a.model, "messages": memory, "tools": a.tools[:2], "stream": False}
+    tr.chat(a.server, a.ua, body, {"role": "assistant", "content": "Nothing to keep."})
+    sc.work(a, 2, seed="u")
+    rep = analyse(tr, tmp_path, mode)
+    r = rows_by_id(rep)
+    assert r[3]["kind"] == "side_call" and r[3]["side_call_shape"] == "summarise"
+    assert r[3]["break_cause"] is None and r[3]["lost_client"] is None
+    assert r[4]["conversation"] == 1 and r[4]["linked_to"] == 2
+    assert r[4]["lost_external"] is not None and r[4]["lost_external"]["cause"] == "side_call"
+    assert not any(f["kind"] == "prefix_break" for f in rep["findings"])
+    # A subagent (its own system prompt and a subset of the tools, its own first message)
+    # is still a conversation of its own.
+    tr2 = sc.Traffic()
+    parent = sc.Agent(tr2, sc.LlamaServer())
+    sc.work(parent, 2)
+    sub = sc.Agent(tr2, parent.server, system="You are a sub-agent. " * 30, tools=parent.tools[:2])
+    sc.work(sub, 1, seed="s")
+    rows = rows_by_id(analyse(tr2, tmp_path, mode))
+    assert rows[3]["kind"] == "turn" and rows[3]["conversation"] == 2

@@ -373,12 +373,6 @@ def test_qwen_code_compression_call(outcomes: Outcomes) -> None:
 
 
 @e2e
-@pytest.mark.xfail(
-    strict=True,
-    reason="Qwen Code's memory extraction (its own system prompt, 4 of the 11 tools, the "
-    "whole history resent) is linked as a turn with system_changed and charged to the "
-    "client; proposed: a side-call marker for such forks (docs/real-harness.md)",
-)
 def test_qwen_code_memory_extraction_is_a_side_call(outcomes: Outcomes) -> None:
     o = outcomes["qwen-3"]
     rows = o.rows("full")

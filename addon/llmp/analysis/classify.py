@@ -59,6 +59,23 @@ def side_call_marker(ex: Exchange, ref: Conversation, cfg: Config) -> str | None
     return None
 
 
+def _works_on_the_history(ex: Exchange, link: Link | None, ref: Conversation) -> bool:
+    """A request that resends the conversation's whole history under another system
+    prompt, with a proper subset of its tools: a side-call that works on the history
+    (Qwen Code's memory extraction after every turn), not a turn of the conversation
+    and not a subagent (which starts from its own first message)."""
+    if link is None or link.conv is not ref or link.mode not in (CONTINUATION, PREFIX):
+        return False
+    last = ref.last
+    if link.k < max(2, len(last.rest)) or ex.hashes[: ex.n_sys] == last.sys:
+        return False
+    names = ex.tools.names
+    if not names:
+        return False
+    before = {t.get("name") for t in last.tool_digests if isinstance(t, dict)}
+    return names < before
+
+
 def classify(
     ex: Exchange,
     link: Link | None,
@@ -71,6 +88,8 @@ def classify(
         return STATELESS, None
     if ref is None:
         return TURN, None
+    if _works_on_the_history(ex, link, ref):
+        return SIDE_CALL, SUMMARISE
     marker = side_call_marker(ex, ref, cfg)
     if marker is None:
         return TURN, None
