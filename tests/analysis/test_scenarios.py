@@ -437,7 +437,7 @@ def test_a_side_call_that_works_on_the_history(tmp_path: Path, mode: str) -> Non
     sc.work(a, 2)
     memory = [{"role": "system", "content": "You extract memories. " * 30}, *a.messages[1:]]
     memory.append({"role": "user", "content": "Scan the recent conversation for memories."})
-    body = {"model": a.model, "messages": memory, "tools": a.tools[:2], "stream": False}
+    body = {"model": a.model, "messages": memory, "tools": (a.tools or [])[:2], "stream": False}
     tr.chat(a.server, a.ua, body, {"role": "assistant", "content": "Nothing to keep."})
     sc.work(a, 2, seed="u")
     rep = analyse(tr, tmp_path, mode)
@@ -452,7 +452,9 @@ def test_a_side_call_that_works_on_the_history(tmp_path: Path, mode: str) -> Non
     tr2 = sc.Traffic()
     parent = sc.Agent(tr2, sc.LlamaServer())
     sc.work(parent, 2)
-    sub = sc.Agent(tr2, parent.server, system="You are a sub-agent. " * 30, tools=parent.tools[:2])
+    sub = sc.Agent(
+        tr2, parent.server, system="You are a sub-agent. " * 30, tools=(parent.tools or [])[:2]
+    )
     sc.work(sub, 1, seed="s")
     rows = rows_by_id(analyse(tr2, tmp_path, mode))
     assert rows[3]["kind"] == "turn" and rows[3]["conversation"] == 2

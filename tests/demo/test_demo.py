@@ -10,6 +10,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.support.live_checks import analyze, value
+from tests.support.real import llama_paths
+
 pytestmark = pytest.mark.e2e
 
 
@@ -25,7 +28,10 @@ def test_demo_with_the_bundled_fake_server(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = [orjson.loads(line) for line in (tmp_path / "demo.jsonl").read_bytes().splitlines()]
-    assert [r["id"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [r["id"] for r in records] == list(range(1, 13))
+    assert [r["request"]["path"] for r in records] == ["/v1/chat/completions"] * 6 + [
+        "/v1/messages?beta=true"
+    ] * 3 + ["/v1/responses"] * 3
     assert all(r["error"] is None and r["response"]["stream"] == "sse" for r in records)
     assert all(r["request"]["digest"] is not None for r in records)  # digest mode: no text
     assert b"demo-key-not-recorded" not in (tmp_path / "demo.jsonl").read_bytes()
@@ -33,3 +39,55 @@ def test_demo_with_the_bundled_fake_server(tmp_path: Path) -> None:
     assert "bundled fake llama-server" in out
     assert "side-calls evicted the cache" in out
     assert "system prompt changed" in out
+    # The Claude-Code-like part: its attribution line changed after /compact.
+    assert "claude 3: after /compact, a new attribution line" in out
+    assert "system prompt differed only in its head" in out
+    assert "CLAUDE_CODE_ATTRIBUTION_HEADER" in out
+    # The Codex-like part: a clean conversation.
+    assert "codex 3: continues" in out
+
+    report = analyze(tmp_path / "demo.jsonl")
+    rows = {r["id"]: r for r in report["rows"]}
+    assert [rows[i]["api"] for i in range(1, 13)] == ["openai_chat"] * 6 + [
+        "anthropic_messages"
+    ] * 3 + ["openai_responses"] * 3
+    assert [rows[i]["cause"] for i in (4, 5)] == ["side_call", "structural"]
+    assert rows[8]["linked_to"] == 7 and rows[8]["cause"] is None
+    assert rows[9]["new_conversation"] and rows[9]["linked_to"] == 8
+    (head,) = [f for f in report["findings"] if f["kind"] == "volatile_head"]
+    assert head["rows"] == [9] and head["client"].startswith("claude-cli/")
+    assert head["evidence"]["changed"]["index"] == 0
+    codex = [rows[i] for i in (10, 11, 12)]
+    assert len({r["conversation"] for r in codex}) == 1
+    assert [r["turn"] for r in codex] == [1, 2, 3]
+    assert all(r["cause"] is None and r["break_cause"] is None for r in codex)
+    assert all(r["observed_reuse"] > 0.9 for r in codex[1:])
+
+
+@pytest.mark.real_server
+@pytest.mark.skipif(isinstance(llama_paths(), str), reason=str(llama_paths()))
+def test_demo_with_the_real_llama_server(tmp_path: Path) -> None:
+    """The same session against the real llama-server: its own counters, the same verdicts."""
+    llmp = Path(sys.executable).with_name("llmp")
+    proc = subprocess.run(
+        [str(llmp), "demo", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "real llama-server" in out and "CLAUDE_CODE_ATTRIBUTION_HEADER" in out
+    report = analyze(tmp_path / "demo.jsonl")
+    rows = {r["id"]: r for r in report["rows"]}
+    assert len(rows) == 12 and all(r["counts"]["reused_tokens"] for r in rows.values())
+    assert rows[5]["break_cause"] == "system_changed"
+    (head,) = [f for f in report["findings"] if f["kind"] == "volatile_head"]
+    assert head["rows"] == [9] and head["lost_tokens"] > 0
+    assert value(rows[9]["counts"]["reused_tokens"]) < 0.1 * value(
+        rows[9]["counts"]["prompt_tokens"]
+    )
+    codex = [rows[i] for i in (10, 11, 12)]
+    assert len({r["conversation"] for r in codex}) == 1
+    assert all(r["cause"] is None and r["break_cause"] is None for r in codex)
+    assert all(r["counts"]["prefill_ms"]["source"] == "server" for r in codex)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,7 @@ class LlamaServer:
     checkpoint: int = 0  # > 0: reuse only up to a multiple of this (SWA checkpoints)
     slots: list[list[str]] = field(default_factory=list)
     _used: list[int] = field(default_factory=list)
-    _gen: itertools.count = field(default_factory=itertools.count)  # type: ignore[type-arg]
+    _gen: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
         self.slots = [[] for _ in range(self.np)]
@@ -123,7 +124,7 @@ class OllamaServer:
     ms_per_gen: float = 15.0
     load_ms: float = 1500.0
     slots: dict[str, list[str]] = field(default_factory=dict)
-    _gen: itertools.count = field(default_factory=itertools.count)  # type: ignore[type-arg]
+    _gen: itertools.count = field(default_factory=itertools.count)
 
     def unload_all(self) -> None:
         self.slots.clear()
@@ -298,6 +299,7 @@ class Traffic:
             resp = ollama_response(out, body["model"], reply, server.meaning)
             path, stream = "/api/chat", "ndjson"
         else:
+            assert isinstance(server, LlamaServer)
             resp = openai_response(out, server.model, reply, rid)
             path, stream = "/v1/chat/completions", "sse"
         t_start = self.t if at is None else at
@@ -991,3 +993,620 @@ def template_drops_tools() -> Traffic:
 SCENARIOS["aider_ask_mode"] = aider_ask_mode
 SCENARIOS["template_drops_tools"] = template_drops_tools
 # outage_retries has skipped records, which SCENARIOS' shared tests do not expect.
+
+
+# -- Claude Code (/v1/messages) and Codex (/v1/responses), R21-R29 --------------
+#
+# Modelled on real traffic against llama-server (shared/spec/wire-formats.md):
+# Claude Code 2.1.328 and Codex 0.169.0.  The fake server renders each request
+# as llama-server does, from what the model sees: system blocks joined into one
+# system turn, `cache_control` gone, a string and a one-text-block array alike.
+
+CLAUDE_UA = "claude-cli/2.1.328 (external, sdk-cli)"
+CODEX_UA = "codex_exec/0.169.0 (Debian 12.0.0; x86_64) xterm (codex_exec; 0.169.0)"
+CLAUDE_MODEL = "claude-sonnet-4-5"
+CODEX_MODEL = "gpt-5-codex"
+EPHEMERAL = {"type": "ephemeral"}
+CLAUDE_IDENTITY = "You are Claude Code, Anthropic's official CLI for Claude."
+CLAUDE_INSTRUCTIONS = (
+    "You are an interactive CLI tool that helps users with software engineering tasks. "
+    + text("claude instructions", 7200)
+)
+CODEX_DEVELOPER = "You are Codex, a coding agent based on GPT-5. " + text("codex rules", 6000)
+CODEX_ENVIRONMENT = (
+    "<environment_context>\n  <cwd>/work/repo</cwd>\n  <approval_policy>never</approval_policy>\n"
+    "  <sandbox_mode>workspace-write</sandbox_mode>\n  <shell>bash</shell>\n"
+    "</environment_context>"
+)
+
+
+def billing_header(suffix: str = "7c2") -> str:
+    """Claude Code's attribution line, the first block of its system prompt."""
+    return f"x-anthropic-billing-header: cc_version=2.1.328.{suffix}; cc_entrypoint=sdk-cli;"
+
+
+def anthropic_tool(name: str, description: str, **props: str) -> dict[str, Any]:
+    """A Claude Code tool definition: `{name, description, input_schema}`."""
+    return {
+        "name": name,
+        "description": description,
+        "input_schema": {
+            "type": "object",
+            "properties": {k: {"type": v} for k, v in props.items()},
+            "required": list(props),
+            "additionalProperties": False,
+            "$schema": "http://json-schema.org/draft-07/schema#",
+        },
+    }
+
+
+CLAUDE_TOOLS = [
+    anthropic_tool("Bash", "Executes a given bash command. " + text("bash", 600), command="string"),
+    anthropic_tool("Read", "Reads a file from the local filesystem.", file_path="string"),
+    anthropic_tool("Edit", "Performs exact string replacements in files.", file_path="string"),
+    anthropic_tool("Grep", "A powerful search tool built on ripgrep.", pattern="string"),
+]
+
+
+def codex_tool(name: str, description: str, **props: str) -> dict[str, Any]:
+    """A Codex tool definition: `{"type": "function", "name": …}`, not chat's nesting."""
+    return {
+        "type": "function",
+        "name": name,
+        "description": description,
+        "strict": False,
+        "parameters": {
+            "type": "object",
+            "properties": {k: {"type": v} for k, v in props.items()},
+            "required": list(props),
+            "additionalProperties": False,
+        },
+    }
+
+
+CODEX_TOOLS = [
+    codex_tool("exec_command", "Runs a command in a PTY. " + text("exec", 500), cmd="string"),
+    codex_tool("write_stdin", "Writes characters to an exec session.", chars="string"),
+    codex_tool("apply_patch", "Apply a patch to files.", input="string"),
+    codex_tool("update_plan", "Updates the task plan.", plan="string"),
+]
+
+
+def anthropic_render(body: dict[str, Any]) -> list[str]:
+    """An Anthropic request as llama-server's template sees it (pseudo-tokens)."""
+    from llmp.apis.anthropic_messages import content_text, strip_cache_control
+
+    toks = ["<bos>"]
+    system = body.get("system")
+    blocks = [{"type": "text", "text": system}] if isinstance(system, str) else system or []
+    if blocks:
+        toks += ["<|system|>", *chunks("".join(b["text"] for b in blocks)), "<|end|>"]
+    tools = strip_cache_control(body.get("tools"))
+    if tools:
+        toks += ["<tools>", *chunks(dumps(tools).decode()), "</tools>"]
+    for m in body["messages"]:
+        content = strip_cache_control(m["content"])
+        toks += [f"<|{m['role']}|>", *chunks(content_text(content)), "<|end|>"]
+    toks.append("<|assistant|>")
+    return toks
+
+
+def responses_render(instructions: str | None, items: list[Any], tools: Any) -> list[str]:
+    """A Responses prompt (its whole input, stored part included), as pseudo-tokens."""
+    from llmp.apis.openai_responses import item_text
+
+    toks = ["<bos>"]
+    if instructions:
+        toks += ["<|system|>", *chunks(instructions), "<|end|>"]
+    if tools:
+        toks += ["<tools>", *chunks(dumps(tools).decode()), "</tools>"]
+    for item in items:
+        role = item.get("role") or item.get("type")
+        toks += [f"<|{role}|>", *chunks(item_text(item)), "<|end|>"]
+    toks.append("<|assistant|>")
+    return toks
+
+
+def anthropic_message(
+    out: Outcome, served: str, content: list[dict[str, Any]], rid: int, stop: str
+) -> dict[str, Any]:
+    """llama-server's (merged) Message: `input_tokens` is the evaluated part; no timings."""
+    return {
+        "id": f"chatcmpl-{rid:08d}",
+        "type": "message",
+        "role": "assistant",
+        "content": content,
+        "model": served,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {
+            "cache_read_input_tokens": out.cache_n,
+            "input_tokens": out.prompt - out.cache_n,
+            "output_tokens": out.n_gen,
+        },
+    }
+
+
+def responses_body(
+    out: Outcome, served: str, output: list[dict[str, Any]], rid: int, streamed: bool
+) -> dict[str, Any]:
+    """llama-server's response object: `input_tokens` is the whole prompt; `timings` beside
+    `response` on the streamed `response.completed` only (R26 keeps them on the body)."""
+    body: dict[str, Any] = {
+        "id": f"resp_{rid:032d}",
+        "object": "response",
+        "created_at": 1788595000 + rid,
+        "status": "completed",
+        "model": served,
+        "output": output,
+        "usage": {
+            "input_tokens": out.prompt,
+            "output_tokens": out.n_gen,
+            "total_tokens": out.prompt + out.n_gen,
+            "input_tokens_details": {"cached_tokens": out.cache_n},
+        },
+    }
+    if streamed:
+        body["timings"] = {
+            "cache_n": out.cache_n,
+            "prompt_n": out.prompt - out.cache_n,
+            "prompt_ms": RawFloat(repr(out.prompt_ms)),
+            "predicted_n": out.n_gen,
+            "predicted_ms": RawFloat(repr(out.predicted_ms)),
+        }
+    return body
+
+
+class NewApiTraffic(Traffic):
+    """`Traffic` with the Anthropic and Responses exchanges, and `t_first_event_ms` (R28)."""
+
+    outcomes: dict[int, Outcome]
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.outcomes = {}
+
+    def served(
+        self,
+        server: LlamaServer,
+        ua: str,
+        path: str,
+        body: dict[str, Any],
+        prompt: list[str],
+        reply_chars: int,
+        respond: Callable[[Outcome, str, int], dict[str, Any]],
+    ) -> dict[str, Any]:
+        """One exchange the server answered; `respond(outcome, served, rid)` is its body.
+
+        Streamed: a keep-alive comment is the first byte, the first event comes
+        when the prefill ended.  Not streamed: no `t_first_event_ms`.
+        """
+        out = server.serve(prompt, reply_chars)
+        rid = self.next_id
+        streamed = body.get("stream") is True
+        t_start = self.t
+        t_event = t_start + int(out.prompt_ms) + 3
+        t_end = t_event + int(out.predicted_ms) + 2
+        rec = self._record(
+            method="POST",
+            path=path,
+            ua=ua,
+            body=body,
+            status=200,
+            resp_body=respond(out, server.model, rid),
+            stream="sse" if streamed else None,
+            t_start=t_start,
+            t_first=t_start + 1 if streamed else t_event,
+            t_end=t_end,
+        )
+        self._first_event(rec, t_event if streamed else None)
+        self.outcomes[rid] = out
+        self.t = t_end + self.think_ms
+        return rec
+
+    def _first_event(self, rec: dict[str, Any], t: int | None) -> None:
+        """Put `t_first_event_ms` beside `t_first_byte_ms`, as the recorder writes it."""
+        items = list(rec.items())
+        rec.clear()
+        for key, value in items:
+            rec[key] = value
+            if key == "t_first_byte_ms":
+                rec["t_first_event_ms"] = t
+
+    def refused(
+        self, ua: str, path: str, body: dict[str, Any], n_prompt: int, n_ctx: int
+    ) -> dict[str, Any]:
+        """llama-server's 400 `exceed_context_size_error`, the same JSON on every endpoint."""
+        t = self.t
+        self.t += 40
+        message = (
+            f"request ({n_prompt} tokens) exceeds the available context size "
+            f"({n_ctx} tokens), try increasing it"
+        )
+        error = {
+            "code": 400,
+            "message": message,
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": n_prompt,
+            "n_ctx": n_ctx,
+        }
+        rec = self._record(
+            method="POST",
+            path=path,
+            ua=ua,
+            body=body,
+            status=400,
+            resp_body={"error": error},
+            stream=None,
+            t_start=t,
+            t_first=t + 30,
+            t_end=t + 31,
+        )
+        self._first_event(rec, None)
+        return rec
+
+    def count_tokens(self, ua: str, body: dict[str, Any], tokens: int) -> dict[str, Any]:
+        """Claude Code's `/v1/messages/count_tokens?beta=true`: not chat (R21)."""
+        t = self.t
+        self.t += 15
+        rec = self._record(
+            method="POST",
+            path="/v1/messages/count_tokens?beta=true",
+            ua=ua,
+            body=body,
+            status=200,
+            resp_body={"input_tokens": tokens},
+            stream=None,
+            t_start=t,
+            t_first=t + 8,
+            t_end=t + 9,
+        )
+        self._first_event(rec, None)
+        return rec
+
+
+@dataclass
+class ClaudeAgent:
+    """Claude Code over `/v1/messages?beta=true`.
+
+    `messages` holds the history as Claude Code keeps it (text as a string);
+    `body()` sends it as Claude Code does: the latest message as a
+    one-text-block array, `cache_control` on its last block only, so the
+    marker and the block form move on every turn.  A tool result is followed
+    by a `role: "system"` reminder entry.
+    """
+
+    traffic: NewApiTraffic
+    server: LlamaServer
+    ua: str = CLAUDE_UA
+    model: str = CLAUDE_MODEL
+    suffix: str = "7c2"
+    instructions: str = CLAUDE_INSTRUCTIONS
+    tools: list[dict[str, Any]] = field(default_factory=lambda: copy.deepcopy(CLAUDE_TOOLS))
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    stream: bool = True
+    turns: int = 0
+
+    def system(self) -> list[dict[str, Any]]:
+        return [
+            {"type": "text", "text": billing_header(self.suffix)},
+            {"type": "text", "text": CLAUDE_IDENTITY, "cache_control": EPHEMERAL},
+            {"type": "text", "text": self.instructions, "cache_control": EPHEMERAL},
+        ]
+
+    def body(self, messages: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        msgs = copy.deepcopy(self.messages if messages is None else messages)
+        last = msgs[-1]
+        if isinstance(last["content"], str):
+            last["content"] = [{"type": "text", "text": last["content"]}]
+        last["content"][-1]["cache_control"] = EPHEMERAL
+        return {
+            "model": self.model,
+            "messages": msgs,
+            "system": self.system(),
+            "tools": copy.deepcopy(self.tools),
+            "metadata": {"user_id": "user_4f2a_account__session_9c1e"},
+            "max_tokens": 32000,
+            "thinking": {"type": "enabled", "budget_tokens": 31999},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "output_config": {"effort": "high"},
+            "stream": self.stream,
+        }
+
+    def send(self, content: list[dict[str, Any]], stop: str) -> dict[str, Any]:
+        body = self.body()
+        from llmp.apis.anthropic_messages import content_text
+
+        rec = self.traffic.served(
+            self.server,
+            self.ua,
+            "/v1/messages?beta=true",
+            body,
+            anthropic_render(body),
+            len(content_text(content)),
+            lambda out, served, rid: anthropic_message(out, served, content, rid, stop),
+        )
+        self.messages.append({"role": "assistant", "content": copy.deepcopy(content)})
+        self.turns += 1
+        return rec
+
+    @staticmethod
+    def thinking(seed: str) -> dict[str, Any]:
+        return {"type": "thinking", "thinking": text(f"{seed} thinking", 160), "signature": ""}
+
+    def turn(self, user: str | None, answer: str) -> dict[str, Any]:
+        if user is not None:
+            self.messages.append({"role": "user", "content": user})
+        content = [self.thinking(answer[:8]), {"type": "text", "text": answer}]
+        return self.send(content, "end_turn")
+
+    def tool_step(
+        self, user: str | None, name: str, args: dict[str, Any], result: str
+    ) -> dict[str, Any]:
+        """The model calls a tool; the result comes back as a `tool_result` block, then a
+        `role: "system"` reminder entry, as Claude Code sends them."""
+        if user is not None:
+            self.messages.append({"role": "user", "content": user})
+        call_id = f"toolu_{len(self.messages):04d}{self.suffix}"
+        content = [
+            self.thinking(name),
+            {"type": "text", "text": f"I'll use {name}."},
+            {"type": "tool_use", "id": call_id, "name": name, "input": args},
+        ]
+        rec = self.send(content, "tool_use")
+        block = {"type": "tool_result", "tool_use_id": call_id, "content": result}
+        self.messages.append({"role": "user", "content": [block]})
+        self.messages.append(
+            {"role": "system", "content": "<system-reminder>Todo list is empty.</system-reminder>"}
+        )
+        return rec
+
+    def count(self) -> dict[str, Any]:
+        """A `/v1/messages/count_tokens` call on the current history (no slot touched)."""
+        body = {k: v for k, v in self.body().items() if k in ("model", "messages", "tools")}
+        return self.traffic.count_tokens(self.ua, body, len(anthropic_render(body)))
+
+
+def claude_work(agent: ClaudeAgent, seed: str = "c") -> list[dict[str, Any]]:
+    """A request, a tool call, its answer."""
+    recs = []
+    if not agent.messages:
+        task = text(f"{seed} task", 220)
+        recs.append(agent.tool_step(task, "Read", {"file_path": "src/app.py"}, text("app", 900)))
+    else:
+        recs.append(agent.tool_step(text(f"{seed} ask", 160), "Grep", {"pattern": "def "}, "x"))
+    recs.append(agent.turn(None, text(f"{seed} answer", 300)))
+    return recs
+
+
+@dataclass
+class CodexAgent:
+    """Codex over `/v1/responses`: developer and environment items, the whole input
+    resent every turn (`store: false`), a `client_metadata` that changes every turn.
+
+    With `stateful`, it keeps responses on the server (`store: true`) and sends
+    only the new items with `previous_response_id` after its first turn.
+    """
+
+    traffic: NewApiTraffic
+    server: LlamaServer
+    ua: str = CODEX_UA
+    model: str = CODEX_MODEL
+    tools: list[dict[str, Any]] = field(default_factory=lambda: copy.deepcopy(CODEX_TOOLS))
+    items: list[dict[str, Any]] = field(default_factory=list)
+    stream: bool = True
+    stateful: bool = False
+    sent: int = 0  # items the server holds (stateful)
+    last_id: str | None = None
+    turns: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.items:
+            self.items = [
+                {
+                    "type": "message",
+                    "id": "msg_dev0001",
+                    "role": "developer",
+                    "content": [{"type": "input_text", "text": CODEX_DEVELOPER}],
+                },
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": CODEX_ENVIRONMENT}],
+                },
+            ]
+
+    def body(self) -> dict[str, Any]:
+        new = self.items[self.sent :] if self.stateful and self.last_id else self.items
+        body: dict[str, Any] = {
+            "model": self.model,
+            "input": copy.deepcopy(new),
+            "tools": copy.deepcopy(self.tools),
+            "tool_choice": "auto",
+            "parallel_tool_calls": False,
+            "reasoning": {"summary": "auto"},
+            "store": self.stateful,
+            "stream": self.stream,
+            "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": "0199a3c4-session",
+            "client_metadata": {
+                "turn_id": f"turn-{self.turns:04d}",
+                "turn_started_at": str(T0 + 1000 * self.turns),
+            },
+        }
+        if self.stateful and self.last_id:
+            body["previous_response_id"] = self.last_id
+        return body
+
+    def send(self, output: list[dict[str, Any]]) -> dict[str, Any]:
+        from llmp.apis.openai_responses import item_text
+
+        body = self.body()
+        prompt = responses_render(None, self.items, self.tools)
+        streamed = self.stream
+        rec = self.traffic.served(
+            self.server,
+            self.ua,
+            "/v1/responses",
+            body,
+            prompt,
+            sum(len(item_text(i)) for i in output),
+            lambda out, served, rid: responses_body(out, served, output, rid, streamed),
+        )
+        self.items += copy.deepcopy(output)
+        self.sent = len(self.items)
+        self.last_id = rec["response"]["body"]["id"]
+        self.turns += 1
+        return rec
+
+    @staticmethod
+    def reasoning(seed: str) -> dict[str, Any]:
+        return {
+            "id": f"rs_{seed}",
+            "summary": [],
+            "type": "reasoning",
+            "content": [{"text": text(f"{seed} reasoning", 140), "type": "reasoning_text"}],
+            "encrypted_content": "",
+        }
+
+    def ask(self, prompt: str) -> None:
+        self.items.append(
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": prompt}]}
+        )
+
+    def turn(self, prompt: str | None, answer: str) -> dict[str, Any]:
+        if prompt is not None:
+            self.ask(prompt)
+        message = {
+            "type": "message",
+            "status": "completed",
+            "id": f"msg_{self.turns:04d}",
+            "content": [{"type": "output_text", "annotations": [], "logprobs": [], "text": answer}],
+            "role": "assistant",
+        }
+        return self.send([self.reasoning(f"t{self.turns}"), message])
+
+    def tool_step(
+        self, prompt: str | None, name: str, args: dict[str, Any], result: str
+    ) -> dict[str, Any]:
+        if prompt is not None:
+            self.ask(prompt)
+        call = {
+            "type": "function_call",
+            "status": "completed",
+            "arguments": dumps(args).decode(),
+            "call_id": f"fc_{self.turns:04d}",
+            "name": name,
+        }
+        rec = self.send([self.reasoning(f"t{self.turns}"), call])
+        self.items.append(
+            {"type": "function_call_output", "call_id": call["call_id"], "output": result}
+        )
+        return rec
+
+
+def codex_work(agent: CodexAgent, seed: str = "x") -> list[dict[str, Any]]:
+    """A prompt, a command, its output, the answer."""
+    return [
+        agent.tool_step(
+            text(f"{seed} prompt", 200), "exec_command", {"cmd": "ls"}, text("ls", 400)
+        ),
+        agent.turn(None, text(f"{seed} answer", 300)),
+    ]
+
+
+def claude_code_session() -> NewApiTraffic:
+    """Claude Code: turns, a `count_tokens` call, a 400 for the context retried at once with
+    the same body, a summary, and the compacted conversation under a new attribution line."""
+    tr = NewApiTraffic()
+    srv = LlamaServer(model="/models/qwen3-coder-30b-q4_k_m.gguf")
+    a = ClaudeAgent(tr, srv)
+    claude_work(a)  # ids 1, 2
+    a.count()  # id 3
+    claude_work(a, "d")  # ids 4, 5
+    a.messages.append({"role": "user", "content": text("huge log", 40000)})
+    too_long = a.body()
+    tr.refused(a.ua, "/v1/messages?beta=true", too_long, 12410, 8192)  # id 6
+    tr.refused(a.ua, "/v1/messages?beta=true", copy.deepcopy(too_long), 12410, 8192)  # id 7
+    a.messages.pop()
+    summary = text("summary of the conversation", 1500)
+    s = ClaudeAgent(
+        tr,
+        srv,
+        instructions="You are a helpful AI assistant tasked with summarizing conversations.",
+        tools=[],
+        stream=False,
+    )
+    s.messages = [
+        {"role": "user", "content": text("the conversation, flattened", 12000)},
+    ]
+    body = s.body()
+    body.pop("tools")
+    tr.served(  # id 8: the summary, a side-call
+        srv,
+        a.ua,
+        "/v1/messages?beta=true",
+        body,
+        anthropic_render(body),
+        len(summary),
+        lambda out, served, rid: anthropic_message(
+            out, served, [{"type": "text", "text": summary}], rid, "end_turn"
+        ),
+    )
+    # The compacted conversation: a new attribution suffix, the same instructions and tools.
+    a.suffix = "119"
+    a.messages = [
+        {
+            "role": "user",
+            "content": "This session is being continued from a previous conversation. "
+            "Summary:\n" + summary,
+        },
+    ]
+    a.turn(text("continue", 200), text("after answer", 300))  # id 9
+    claude_work(a, "e")  # ids 10, 11
+    return tr
+
+
+def claude_code_system_edit() -> NewApiTraffic:
+    """Claude Code whose long instructions block changed in its middle between two turns."""
+    tr = NewApiTraffic()
+    a = ClaudeAgent(tr, LlamaServer())
+    claude_work(a)  # ids 1, 2
+    half = len(CLAUDE_INSTRUCTIONS) // 2
+    a.instructions = (
+        CLAUDE_INSTRUCTIONS[:half] + " Use pnpm, not npm. " + CLAUDE_INSTRUCTIONS[half:]
+    )
+    claude_work(a, "d")  # ids 3, 4
+    return tr
+
+
+def codex_session(stream: bool = True) -> NewApiTraffic:
+    """Codex: three turns with a command, its output, reasoning items in between."""
+    tr = NewApiTraffic()
+    c = CodexAgent(tr, LlamaServer(), stream=stream)
+    codex_work(c)  # ids 1, 2
+    codex_work(c, "y")  # ids 3, 4
+    return tr
+
+
+def codex_stateful() -> NewApiTraffic:
+    """A Responses client that keeps its responses on the server (`previous_response_id`)."""
+    tr = NewApiTraffic()
+    c = CodexAgent(tr, LlamaServer(), stateful=True, ua="OpenAI/Python 3.57.0")
+    c.turn(text("p prompt", 200), text("p answer", 300))  # id 1: a turn
+    c.turn(text("p more", 200), text("p answer 2", 300))  # id 2: previous_response_id
+    return tr
+
+
+def both_agents() -> NewApiTraffic:
+    """Claude Code and Codex on one llama-server with one slot, taking turns: each
+    evicts the other's cache."""
+    tr = NewApiTraffic()
+    srv = LlamaServer()
+    a = ClaudeAgent(tr, srv)
+    c = CodexAgent(tr, srv)
+    claude_work(a)  # 1, 2
+    codex_work(c)  # 3, 4
+    claude_work(a, "d")  # 5, 6
+    codex_work(c, "y")  # 7, 8
+    return tr

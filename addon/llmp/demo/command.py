@@ -5,6 +5,11 @@ It needs no model server: by default it starts the bundled fake llama-server
 one-slot prefix cache. With `LLMP_LLAMA_SERVER` and `LLMP_LLAMA_MODEL` set it
 starts that real llama-server instead (`-np 1`, so the cache losses are real).
 The traffic goes through the real `mitmdump -s addon/llmp_addon.py`.
+
+Three agents take turns on the one server: an OpenAI-chat agent (whose
+system prompt carries a clock), a Claude-Code-like agent on `/v1/messages`
+(whose attribution line changes when it compacts), and a Codex-like agent on
+`/v1/responses` (a clean conversation).  Plain `http.client` is all they use.
 """
 
 from __future__ import annotations
@@ -114,8 +119,125 @@ def scripted_session() -> Iterator[tuple[str, dict[str, Any]]]:
     yield "turn 5: continues normally", {"messages": list(history)}
 
 
-def post_chat(base_url: str, body: dict[str, Any], timeout: float = 300.0) -> dict[str, Any]:
-    """Send one streamed chat request like an agent would; return what it assembled."""
+CLAUDE_UA = "claude-cli/2.1.328 (external, sdk-cli)"
+CODEX_UA = "codex_exec/0.169.0 (Debian 12.0.0; x86_64) xterm (codex_exec; 0.169.0)"
+CLAUDE_TOOLS: list[dict[str, Any]] = [
+    {
+        "name": t["function"]["name"],
+        "description": t["function"]["description"],
+        "input_schema": t["function"]["parameters"],
+    }
+    for t in TOOLS
+]
+CODEX_TOOLS: list[dict[str, Any]] = [{"type": "function", **t["function"]} for t in TOOLS]
+_MARK = {"type": "ephemeral"}
+
+
+def _claude_system(suffix: str) -> list[dict[str, Any]]:
+    """Claude Code's system blocks: its attribution line first, then the stable part."""
+    rules = "\n".join(f"{n}. {rule}" for n, rule in enumerate(GUIDELINES * 3, 1))
+    return [
+        {
+            "type": "text",
+            "text": f"x-anthropic-billing-header: cc_version=2.1.328.{suffix}; "
+            "cc_entrypoint=sdk-cli;",
+        },
+        {
+            "type": "text",
+            "text": "You are Claude Code, a CLI coding agent.",
+            "cache_control": _MARK,
+        },
+        {"type": "text", "text": rules, "cache_control": _MARK},
+    ]
+
+
+def _claude_body(suffix: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Like Claude Code: the latest message as a one-block array carrying `cache_control`
+    (a plain string on the next turn), so the marker moves every turn."""
+    sent = [dict(m) for m in messages]
+    sent[-1]["content"] = [{"type": "text", "text": sent[-1]["content"], "cache_control": _MARK}]
+    return {
+        "model": "demo-model",
+        "messages": sent,
+        "system": _claude_system(suffix),
+        "tools": CLAUDE_TOOLS,
+        "max_tokens": 16,
+        "stream": True,
+    }
+
+
+def claude_session() -> Iterator[tuple[str, dict[str, Any]]]:
+    """A Claude-Code-like agent on `/v1/messages`."""
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Where is slugify() defined?"}]
+    yield "claude 1: a new conversation", _claude_body("7c2", history)
+    history += [
+        {"role": "assistant", "content": "In utils.py."},
+        {"role": "user", "content": "Does it handle unicode?"},
+    ]
+    yield "claude 2: continues (cache_control moved)", _claude_body("7c2", history)
+    compacted = [
+        {"role": "user", "content": "Summary: we looked at slugify() in utils.py."},
+        {"role": "assistant", "content": "Understood."},
+        {"role": "user", "content": "Add a unicode test."},
+    ]
+    yield "claude 3: after /compact, a new attribution line", _claude_body("119", compacted)
+
+
+def codex_session() -> Iterator[tuple[str, dict[str, Any]]]:
+    """A Codex-like agent on `/v1/responses`: the whole input resent every turn."""
+
+    def message(role: str, text: str) -> dict[str, Any]:
+        kind = "output_text" if role == "assistant" else "input_text"
+        return {"type": "message", "role": role, "content": [{"type": kind, "text": text}]}
+
+    items = [
+        message("developer", _system("2026-11-30 09:00")["content"]),
+        message("user", "<environment_context><cwd>/repo</cwd></environment_context>"),
+        message("user", "List the Python files."),
+    ]
+    steps = [("utils.py and app.py.", "Which one has tests?"), ("utils.py.", "Run them.")]
+    for n in range(3):
+        label = "codex 1: a new conversation" if n == 0 else f"codex {n + 1}: continues"
+        yield (
+            label,
+            {
+                "model": "demo-model",
+                "input": list(items),
+                "tools": CODEX_TOOLS,
+                "store": False,
+                "stream": True,
+                "max_output_tokens": 16,
+                "client_metadata": {"turn_id": f"turn-{n}"},  # changes every turn, not the prompt
+            },
+        )
+        if n < len(steps):
+            answer, ask = steps[n]
+            items += [message("assistant", answer), message("user", ask)]
+
+
+def _counters(path: str, event: dict[str, Any], got: dict[str, Any]) -> None:
+    """Keep the counters one streamed event carries (each API has its own)."""
+    if path == "/v1/chat/completions":
+        if event.get("timings"):
+            got["reused"] = event["timings"].get("cache_n")
+            got["processed"] = event["timings"].get("prompt_n")
+    elif path == "/v1/messages":
+        usage = (event.get("message") or {}).get("usage") or {}
+        if "input_tokens" in usage:
+            got["reused"] = usage.get("cache_read_input_tokens")
+            got["processed"] = usage["input_tokens"]
+    elif event.get("type") == "response.completed":
+        usage = (event.get("response") or {}).get("usage") or {}
+        cached = (usage.get("input_tokens_details") or {}).get("cached_tokens")
+        got["reused"] = cached
+        if isinstance(cached, int) and isinstance(usage.get("input_tokens"), int):
+            got["processed"] = usage["input_tokens"] - cached
+
+
+def post_stream(
+    base_url: str, path: str, body: dict[str, Any], user_agent: str, timeout: float = 300.0
+) -> dict[str, Any]:
+    """Send one streamed request like an agent would; return the server's counters."""
     parts = urlsplit(base_url)
     conn = http.client.HTTPConnection(
         parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout
@@ -123,33 +245,22 @@ def post_chat(base_url: str, body: dict[str, Any], timeout: float = 300.0) -> di
     try:
         conn.request(
             "POST",
-            "/v1/chat/completions",
+            path + ("?beta=true" if path == "/v1/messages" else ""),
             body=json.dumps(body).encode(),
             headers={
                 "content-type": "application/json",
-                "user-agent": USER_AGENT,
+                "user-agent": user_agent,
                 "authorization": "Bearer demo-key-not-recorded",
             },
         )
         resp = conn.getresponse()
-        content: list[str] = []
-        usage: dict[str, Any] = {}
+        got: dict[str, Any] = {"status": resp.status}
         for raw in resp:
             line = raw.decode("utf-8", "replace").strip()
-            if not line.startswith("data:"):
+            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
                 continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            event = json.loads(data)
-            for choice in event.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content")
-                if isinstance(piece, str):
-                    content.append(piece)
-            for key in ("usage", "timings"):
-                if event.get(key):
-                    usage[key] = event[key]
-        return {"status": resp.status, "content": "".join(content), **usage}
+            _counters(path, json.loads(line[5:]), got)
+        return got
     finally:
         conn.close()
 
@@ -180,21 +291,14 @@ def model_server(log_dir: Path) -> Iterator[tuple[str, str]]:
     model = os.environ.get("LLMP_LLAMA_MODEL")
     if binary and model:
         port = _free_port()
+        args = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port)]
+        args += ["-c", "4096", "-np", "1"]
+        usage = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60)
+        if "--cache-ram" in usage.stdout + usage.stderr:
+            args += ["--cache-ram", "0"]  # else its host-memory cache would hide the eviction
         log = open(log_dir / "llama-server.log", "wb")
         proc = subprocess.Popen(
-            [
-                binary,
-                "-m",
-                model,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "-c",
-                "4096",
-                "-np",
-                "1",
-            ],
+            args,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -273,36 +377,40 @@ def show_recording(path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from llmp.apis import CountHints, api_for
+
     table = Table(title=f"{path.name}: one record per exchange (digest mode: no text)")
-    for col in (
-        "id",
-        "status",
-        "stream",
-        "chunks",
-        "msgs",
-        "tools",
-        "reused",
-        "evaluated",
-        "prefill ms",
-    ):
-        table.add_column(col, justify="left" if col == "stream" else "right")
+    short = {"openai_chat": "chat", "anthropic_messages": "messages"}
+    for col in ("id", "api", "chunks", "msgs", "tools", "reused", "evaluated", "prefill"):
+        table.add_column(col, justify="left" if col == "api" else "right")
     for line in path.read_bytes().splitlines():
         rec = orjson.loads(line)
         req, resp = rec["request"], rec["response"] or {}
         dig = req.get("digest") or {}
-        timings = ((resp.get("digest") or {}).get("usage") or {}).get("timings") or {}
+        api = api_for(req["method"], req["path"])
+        usage = (resp.get("digest") or {}).get("usage")
+        counts = api.counts(usage, CountHints()) if api and isinstance(usage, dict) else None
+
+        def cell(mv: Any) -> str:
+            return "-" if mv is None else f"{mv[0]:g}"
+
         table.add_row(
             str(rec["id"]),
-            str(resp.get("status", "-")),
-            str(resp.get("stream")),
-            str(resp.get("chunks")),
+            short.get(api.name, api.name.removeprefix("openai_")) if api else "other",
+            str(resp.get("chunks") or "-"),
             str(len(dig.get("messages", []))),
             str(len(dig.get("tools", []))),
-            str(timings.get("cache_n", "-")),
-            str(timings.get("prompt_n", "-")),
-            str(timings.get("prompt_ms", "-")),
+            cell(counts and counts.reused_tokens),
+            cell(counts and counts.evaluated_tokens),
+            cell(counts and counts.prefill_ms),
         )
     Console().print(table)
+    print("(prefill: the server's own ms; /v1/messages reports none, so llmp times it itself)")
+
+
+def _report_line(label: str, got: dict[str, Any]) -> None:
+    reused, processed = got.get("reused", "?"), got.get("processed", "?")
+    print(f"  {label:<58} reused {reused:>5}, processed {processed:>5} prompt tokens")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -327,12 +435,12 @@ def run(args: argparse.Namespace) -> int:
                 body.update(extra)
                 if body.get("tools") is None:
                     body.pop("tools")
-                reply = post_chat(proxy_url, body)
-                timings = reply.get("timings") or {}
-                print(
-                    f"  {label:<58} reused {timings.get('cache_n', '?'):>5}, "
-                    f"processed {timings.get('prompt_n', '?'):>5} prompt tokens"
-                )
+                got = post_stream(proxy_url, "/v1/chat/completions", body, USER_AGENT)
+                _report_line(label, got)
+            for label, body in claude_session():
+                _report_line(label, post_stream(proxy_url, "/v1/messages", body, CLAUDE_UA))
+            for label, body in codex_session():
+                _report_line(label, post_stream(proxy_url, "/v1/responses", body, CODEX_UA))
     print()
     show_recording(record)
     print()
