@@ -26,6 +26,7 @@ TOP = [
     "clients",
     "tools",
     "findings",
+    "speculative",  # additive to v1: speculative decoding per served model (docs/analysis.md §9)
     "rows",
 ]
 ROW = [

@@ -764,7 +764,12 @@ def test_error_events() -> None:
 
 @pytest.mark.parametrize("end", ["response.completed", "response.incomplete", "response.failed"])
 def test_each_end_event_ends_and_gives_its_response(end: str) -> None:
-    final: dict[str, Any] = {"id": "resp_1", "status": end.split(".")[1], "output": [], "error": None}
+    final: dict[str, Any] = {
+        "id": "resp_1",
+        "status": end.split(".")[1],
+        "output": [],
+        "error": None,
+    }
     data = stream([{"type": "response.created", "response": IN_PROGRESS}])
     assert capture(data).done_seen is False
     cap = capture(data + ev(end, {"type": end, "response": final}))

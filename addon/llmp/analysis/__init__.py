@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from llmp.analysis.changes import Changes
 from llmp.analysis.config import Config
 from llmp.analysis.engine import Engine
-from llmp.analysis.reader import ReadStats, read_all
+from llmp.analysis.reader import ReadStats, Sourced, read_sourced
 
 __all__ = ["Analysis", "Config", "Engine", "analyze"]
 
@@ -27,6 +27,8 @@ class Analysis:
     stats: ReadStats
     changes: Changes | None = None
     """The "what changed" diffs, when `analyze` was asked for them."""
+    paths: list[str] = field(default_factory=list)
+    """The recordings as given: `Row.recording` indexes them."""
 
     def rows(self) -> list[dict[str, Any]]:
         """The rows as report dicts, from the kept rows (`analyze(..., keep=True)`)."""
@@ -80,12 +82,13 @@ def analyze(
     """
     collected: list[Changes | None] = [None]
 
-    def consume(records: Iterator[tuple[int, dict[str, Any]]]) -> Engine:
+    def consume(records: Iterator[Sourced]) -> Engine:
         want = not rows if summaries is None else summaries
         engine = Engine(cfg, spill=rows, summaries=want, keep=keep)
         watch = collected[0] = Changes(changes) if changes is not None else None
         try:
-            for session, rec in records:
+            for session, rec, source in records:
+                engine.recording = source
                 fed = engine.feed(session, rec)
                 if watch is not None and fed is not None:
                     watch(session, fed)
@@ -105,8 +108,8 @@ def analyze(
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        engine, stats = read_all(paths, consume, progress=progress, stdin=stdin, **extra)
+        engine, stats = read_sourced(paths, consume, progress=progress, stdin=stdin, **extra)
     finally:
         if was_enabled:
             gc.enable()
-    return Analysis(engine, stats, collected[0])
+    return Analysis(engine, stats, collected[0], list(paths))

@@ -1,4 +1,4 @@
-"""`llmp analyze RECORDING... [--json] [--tokenize URL] [--html FILE] [--fail-on KINDS]`.
+"""`llmp analyze RECORDING... [--json] [--tokenize URL] [--html FILE] [--rows FILE] [--fail-on K]`.
 
 The command line of the analyzer.  In order, it:
 
@@ -6,7 +6,8 @@ The command line of the analyzer.  In order, it:
 2. with `--tokenize URL`, enriches each recording in place with the server's
    token counts (`llmp.format.token_counts.enrich_file`), one summary line each on stderr;
 3. analyses, and prints the readable report or, with `--json`, the report v1;
-4. with `--html FILE`, writes the page as well;
+4. with `--html FILE`, writes the page as well, and with `--rows FILE` the rows
+   as a Parquet or CSV table (docs/table.md), both from the same pass;
 5. with `--fail-on`, exits 1 when a listed finding is present (docs/ci-gate.md).
 
 Exit codes: 0 done (and the gate passed), 1 the gate failed, 2 a usage,
@@ -55,6 +56,13 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="also write the report as a self-contained web page to FILE; the readable "
         "report (or --json) is still printed",
+    )
+    p.add_argument(
+        "--rows",
+        metavar="FILE",
+        help="also write the report's rows as a table to FILE.parquet (needs pyarrow: "
+        "pip install 'llmp[table]') or FILE.csv, one column per row field, for DuckDB, "
+        "Polars or Spark (docs/table.md); the readable report (or --json) is still printed",
     )
     gate = p.add_argument_group("CI gate (see docs/ci-gate.md)")
     gate.add_argument(
@@ -118,6 +126,20 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"--html {html}: is a directory")
         if not html.resolve().parent.is_dir():
             return _fail(f"--html {html}: no such directory {html.resolve().parent}")
+    table: Path | None = None
+    if args.rows is not None:
+        from llmp.analysis.table import PYARROW_MISSING, pyarrow_missing, table_format
+
+        table = Path(args.rows)
+        fmt = table_format(table)
+        if fmt is None:
+            return _fail(f"--rows {table}: the name must end in .parquet or .csv")
+        if table.is_dir():
+            return _fail(f"--rows {table}: is a directory")
+        if not table.resolve().parent.is_dir():
+            return _fail(f"--rows {table}: no such directory {table.resolve().parent}")
+        if fmt == ".parquet" and pyarrow_missing():
+            return _fail(PYARROW_MISSING.format(path=table))
     if args.tokenize is not None:
         if STDIN in paths:
             return _fail(
@@ -134,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
             paths,
             cfg,
             progress=args.progress,
-            rows=args.json,
+            rows=args.json or table is not None,
             summaries=not args.json,
             keep=html is not None,
             changes=MAX_CHANGES if html is not None else None,
@@ -149,6 +171,10 @@ def run(args: argparse.Namespace) -> int:
             _print_readable(result, header)
         if html is not None:
             status = _write_html(result, header, html)
+            if status:
+                return status
+        if table is not None:
+            status = _write_rows(result, table)
             if status:
                 return status
     finally:
@@ -260,6 +286,18 @@ def _print_readable(result: Analysis, header: dict[str, Any], out: IO[str] | Non
         engine.totals.side_calls,
         engine.totals.stateless,
     )
+
+
+def _write_rows(result: Analysis, out: Path) -> int:
+    """The rows as a table, streamed from the pass's spill file."""
+    from llmp.analysis.table import write_table
+
+    try:
+        n = write_table(result, out)
+    except OSError as exc:
+        return _fail(f"--rows {out}: {exc.strerror or exc}")
+    print(f"llmp analyze: wrote {out} ({n:,} rows)", file=sys.stderr)
+    return 0
 
 
 def _write_html(result: Analysis, header: dict[str, Any], out: Path) -> int:

@@ -82,6 +82,8 @@ class Engine:
         # A first turn that may yet prove a side-call (`_decide_held`); offline only.
         self._held: _Held | None = None
         self._made: tuple[Conversation, RingEntry] | None = None
+        self.recording = 0
+        """The file the records fed now come from, for `Row.recording` (the reader sets it)."""
 
     # -- input ------------------------------------------------------------
 
@@ -105,6 +107,9 @@ class Engine:
         if isinstance(ex, Skip):
             if ex.chat:
                 s.skip(rec)
+            refusal = ex.refusal
+            if refusal is not None and refusal.n_prompt is not None:
+                s.refused.append((rec["id"], refusal.model, refusal.n_prompt))
             if report:
                 self.totals.skip(ex.reason, ex.path)
                 if ex.refusal is not None:
@@ -112,6 +117,8 @@ class Engine:
             return None
         self._made = None
         row, btw = self._row(s, ex)
+        row.recording = self.recording
+        row.draft_n, row.draft_n_accepted = ex.draft_n, ex.draft_n_accepted
         fed = Fed(row, btw, ex)
         made = self._made
         if (
@@ -181,6 +188,10 @@ class Engine:
         link = find_link(ex, group, same_start, cfg)
         ref = link.conv if link is not None else s.recent_by_ua.get(ex.ua)
         st = compare(ex, link, cfg)
+        if link is not None and st.break_cause is not None:
+            # A prompt refused for its context on the way here (a harness that cut its
+            # prompt after a 400): the server's own count of it measures the new content.
+            st.refused_prompt = s.refused_since(link.conv.last.row_id, ex.id, ex.requested_model)
         kind, shape = classify(ex, link, ref, st.total, cfg)
         timing = Timing(ex.t_start, ex.t_first_byte, ex.t_end, ex.streamed, ex.t_first_event)
         known_old = ex.served_model in s.ollama_old

@@ -89,6 +89,8 @@ class Exchange:
     __slots__ = (
         "_cum",
         "api",
+        "draft_n",
+        "draft_n_accepted",
         "has_model_msgs",
         "hashes",
         "id",
@@ -143,6 +145,9 @@ class Exchange:
     out_tool_names: list[str]
     texts: tuple[str, ...] | None
     """Each message's text, in full mode only: where in a message a change falls."""
+    draft_n: int | None
+    """llama-server's `timings.draft_n` (a draft model ran), kept out of `Counts`."""
+    draft_n_accepted: int | None
     _cum: tuple[list[int], list[int]] | None
 
     def edges(self, i: int) -> tuple[int, Any, Any]:
@@ -237,6 +242,23 @@ def _texts(api: ChatApi, body: dict[str, Any]) -> tuple[str, ...] | None:
     return texts if sum(map(len, texts)) <= MAX_TEXT_CHARS else None
 
 
+def _count(d: dict[str, Any], key: str) -> int | None:
+    v = d.get(key)
+    return v if type(v) is int and v >= 0 else None
+
+
+def draft_counts(top: dict[str, Any] | None) -> tuple[int | None, int | None]:
+    """`timings.draft_n` and `timings.draft_n_accepted`: what speculative decoding drafted
+    and kept (llama-server sends both only when a draft model ran); None when not said."""
+    timings = top.get("timings") if top is not None else None
+    if type(timings) is not dict:
+        return None, None
+    n = _count(timings, "draft_n")
+    if n is None:
+        return None, None
+    return n, _count(timings, "draft_n_accepted")
+
+
 def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) -> Exchange | Skip:
     """The Exchange of a record, or why it is skipped.
 
@@ -296,6 +318,7 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
     model = digest.get("model")
     requested = ex.requested_model = model if type(model) is str and model else None
     ex.top = top
+    ex.draft_n, ex.draft_n_accepted = draft_counts(top)
     served = top.get("model") if top is not None else None
     ex.served_model = served if type(served) is str and served else requested or "unknown"
     ex.streamed = resp.get("stream") is not None

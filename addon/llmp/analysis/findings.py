@@ -191,8 +191,9 @@ class Findings:
     def refused(self, session: int, record_id: int, refusal: Refusal) -> None:
         """A skipped chat request the server refused (maybe for its context)."""
         self.overflow.refused(session, record_id, refusal)
-        if refusal.said:
-            self.refusals.append((session, record_id))
+        # A digest keeps no error body: a 4xx of a chat request may still be the
+        # context, and a cut right after it is what a harness does about that.
+        self.refusals.append((session, record_id))
 
     def _refused_between(self, session: int, since: int, until: int) -> bool:
         for s, rid in reversed(self.refusals):

@@ -133,6 +133,17 @@ class Session:
         self.skipped: deque[int] = deque(maxlen=1024)
         # Served models whose Ollama counts proved the old prompt_eval_count meaning.
         self.ollama_old: set[str] = set()
+        # Prompts the server refused for its context, as it counted them: (id, model, tokens).
+        self.refused: deque[tuple[int, str | None, int]] = deque(maxlen=64)
+
+    def refused_since(self, since: int, until: int, model: str | None) -> int | None:
+        """The server's count of the last prompt of `model` it refused between two ids."""
+        for rid, m, tokens in reversed(self.refused):
+            if rid <= since:
+                return None
+            if rid < until and m == model:
+                return tokens
+        return None
 
     def skip(self, rec: dict[str, Any]) -> None:
         """A chat request that is no row: remembered when it may have taken a slot."""

@@ -52,6 +52,8 @@ CLIENT_CAUSES = (TOOLS_CHANGED, SYSTEM_CHANGED, HISTORY_REWRITTEN)
 FIRST_256 = "first_256"
 LAST_256 = "last_256"
 BETWEEN = "between"
+MINOR_ESTIMATE = 0.1
+"""An estimated correction below this share of a server-measured loss leaves it `server`."""
 ESTIMATED_MATCH = 0.6
 """With estimates: how near the server's prompt must be to the messages alone."""
 ESTIMATED_TOOLS_SHARE = 0.2
@@ -86,6 +88,13 @@ class Structure:
     tools_differ: bool = False  # the tools array changed (its place is the template's)
     changed: list[dict[str, Any]] = field(default_factory=list)
     """Where each changed message changed (digest mode: which part; full mode: the offset)."""
+    prev_prompt: int | None = None  # the linked turn's prompt, as its server counted it
+    refused_prompt: int | None = None  # a prompt refused in between, as the server counted it
+    old_msgs: int = 0  # the linked turn's messages, estimated
+    old_tools: int = 0  # and its tools
+    removed_msgs: int = 0  # the part of them this prompt no longer holds
+    removed_tools: int = 0
+    tools_dropped: bool = False  # the template left the tools out (drop_unrendered_tools)
     volatile: int = 0
     """A volatile head: what a new conversation re-read because only its head changed."""
     volatile_where: dict[str, Any] | None = None
@@ -212,6 +221,7 @@ def _charge(
     estimated = False
     first = ps if not sys_eq else nsys if not tools_eq else nsys + k
     after = fresh = 0
+    paired: dict[int, int] = {}  # old message index -> the chars of its edited version
     for i in range(first, n):
         t = tok[i + 1] - tok[i]
         estimated = estimated or est[i + 1] != est[i]
@@ -226,6 +236,8 @@ def _charge(
         st.changed.append(where)
         rewritten = where["within"] == FIRST_256 and ex.edges(i)[2] != last.edges(j)[2]
         fresh += _grown(t, where, rewritten)
+        if not rewritten:
+            paired[j] = where["chars_after"]
     if not (sys_eq and tools_eq):  # else the tools block is inside the prefix
         t = int(st.tools[0])
         st.tools_after = t
@@ -238,6 +250,40 @@ def _charge(
     st.after = int(after)
     st.fresh = int(min(fresh, after))
     st.lost_source = ESTIMATE if estimated or ex.tokmap is None else TOKENIZER
+    _removed(ex, st, last, paired)
+
+
+def _removed(ex: Exchange, st: Structure, last: TurnState, paired: dict[int, int]) -> None:
+    """What of the linked turn's prompt this one no longer holds, in estimated units.
+
+    Old messages it does not resend count whole, an edited one by what it
+    shrank, and old tools by theirs.  With the linked turn's server prompt
+    this gives the old content that is still there, which the server should
+    have kept (`_client_loss`).
+    """
+    st.prev_prompt = last.prompt_server
+    now = set(ex.hashes)  # strings: prepare made every hash safe to use
+    old_hashes = last.sys + last.rest
+    total = removed = 0
+    for j, h in enumerate(old_hashes):
+        chars = last.edges(j)[0]
+        e = estimate(chars)
+        total += e
+        if h in now:
+            continue
+        kept = paired.get(j)
+        removed += e if kept is None else estimate(max(0, chars - kept))
+    st.old_msgs, st.removed_msgs = total, removed
+    tools_now = {
+        th for t in ex.tool_digests if isinstance(t, dict) and type(th := t.get("hash")) is str
+    }
+    for t in last.tool_digests:
+        size = t.get("chars") if isinstance(t, dict) else None
+        e = estimate(size) if type(size) is int else 0
+        st.old_tools += e
+        old_hash = t.get("hash") if isinstance(t, dict) else None
+        if type(old_hash) is str and old_hash not in tools_now:
+            st.removed_tools += e
 
 
 def _volatile_head(
@@ -353,7 +399,8 @@ def _new_tools_tokens(ex: Exchange, last: TurnState) -> int:
     """Tokens of the tools no earlier request of the conversation had."""
     total = 0
     for t in ex.tool_digests:
-        if not isinstance(t, dict) or t.get("hash") in last.tool_hashes:
+        h = t.get("hash") if isinstance(t, dict) else None
+        if type(h) is not str or h in last.tool_hashes:
             continue
         chars = t.get("chars")
         total += estimate(chars if type(chars) is int else 0)
@@ -501,6 +548,7 @@ def drop_unrendered_tools(st: Structure, counts: Counts) -> bool:
     elif not _tools_missing_from_estimate(prompt[0], without, t):
         return False
     st.tools = (0, st.tools[1])
+    st.tools_dropped = True
     if st.prefix is not None and st.tools_in_prefix:
         st.prefix -= t
         st.tools_in_prefix = False
@@ -521,17 +569,51 @@ def _client_loss(
 ) -> Loss | None:
     """What the client's change made the server read again (docs/analysis.md §7).
 
-    With the server's counters it is what the server evaluated, less the new
-    content (in server units) and less what the server lost by itself
-    (`external`): charged + new + external = evaluated.  Without them it is
-    the old content after the break, scaled to the server's units where the
-    prompt's size is known.
+    With the server's counters and the linked turn's server prompt it is that
+    old prompt, less what this prompt no longer holds of it, less what the
+    server reused, less what the server lost by itself (`external`): the old
+    content the server read again, with no estimate of the new content at
+    all.  Without the old prompt, it is what the server evaluated less the
+    new content in server units (charged + new + external = evaluated).
+    Without the counters, it is the old content after the break, scaled to
+    the server's units where the prompt's size is known.
     """
     assert st.break_cause is not None
     evaluated, reused = counts.evaluated_tokens, counts.reused_tokens
-    if evaluated is not None and reused is not None and factor is not None:
-        lc = evaluated[0] - st.fresh * factor - external
-        src = weakest(evaluated[1], reused[1])
+    prev = st.prev_prompt
+    refused = st.refused_prompt
+    if (
+        refused is not None
+        and prev is not None
+        and refused >= prev
+        and evaluated is not None
+        and evaluated[1] == SERVER
+    ):
+        # The refused prompt was the old one plus everything new: the server counted
+        # the new content itself, and the whole figure is the server's.
+        lc = evaluated[0] - (refused - prev) - external
+        src = evaluated[1] if not external else weakest(evaluated[1], unit_src)
+        if lc <= tol:
+            return None
+    elif reused is not None and reused[1] == SERVER and (prev is not None or evaluated):
+        # Two ways to the same figure, each with one estimated part: the old prompt
+        # less what this one no longer holds of it, less the reuse; or what the
+        # server evaluated less the new content.  The one with less estimate wins.
+        options: list[tuple[float, float]] = []
+        if prev is not None:
+            old_total = st.old_msgs + (0 if st.tools_dropped else st.old_tools)
+            gone = st.removed_msgs + (0 if st.tools_dropped else st.removed_tools)
+            gone_srv = prev * gone / old_total if old_total else 0.0
+            options.append((gone_srv, prev - gone_srv - reused[0] - external))
+        if evaluated is not None and factor is not None:
+            fresh_srv = st.fresh * factor
+            options.append((fresh_srv, evaluated[0] - fresh_srv - external))
+        if not options:
+            return None
+        part, lc = min(options)
+        src = weakest(reused[1], evaluated[1]) if evaluated is not None else reused[1]
+        if part > MINOR_ESTIMATE * max(lc, 1.0) or external:
+            src = weakest(src, unit_src)  # an estimate entered the figure, not as a detail
         if lc <= tol:
             return None
     else:

@@ -26,12 +26,18 @@ __all__ = [
     "NeedsExactOrder",
     "ReadStats",
     "Recording",
+    "Sourced",
     "read_all",
+    "read_sourced",
 ]
 
 WINDOW_LINES = 20_000
 WINDOW_BYTES = 64 << 20
 _PROGRESS_STEP = 1 << 20
+
+
+Sourced = tuple[int, dict[str, Any], int]
+"""`(session, record, file)`: `file` indexes the paths as given (R17 reads them as one)."""
 
 
 class NeedsExactOrder(Exception):
@@ -174,16 +180,26 @@ class Recording:
         Raises NeedsExactOrder when a line sorts before one already yielded;
         the caller discards its work and calls `exact()`.
         """
+        for session, rec, _ in self.stream_sourced():
+            yield session, rec
+
+    def exact(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Records in R16 order by sorting an index of every line."""
+        for session, rec, _ in self.exact_sourced():
+            yield session, rec
+
+    def stream_sourced(self) -> Iterator[Sourced]:
+        """`stream()`, each record with the index of the file it came from."""
         self.stats = ReadStats(bytes_total=self.stats.bytes_total)
         bar = self._bar or _Progress(False, 0)
         bar.restart("reading", self.stats.bytes_total)
-        heap: list[tuple[int, int, int, bytes]] = []
+        heap: list[tuple[int, int, int, bytes, int]] = []
         held = 0
         seq = 0
         last_key: tuple[int, int] | None = None
         last_id: int | None = None
         session = 0
-        for _, inp in self._ordered_inputs():
+        for fi, inp in self._ordered_inputs():
             with open(inp.path, "rb") as f:
                 for line in f:
                     bar.advance(len(line))
@@ -207,10 +223,10 @@ class Recording:
                             if last_id is None or rid <= last_id:
                                 session += 1
                             last_key, last_id = key, rid
-                            yield session, rec
+                            yield session, rec, fi
                         continue
                     seq += 1
-                    heapq.heappush(heap, (key[0], rid, seq, line))
+                    heapq.heappush(heap, (key[0], rid, seq, line, fi))
                     held += len(line)
                     while heap:
                         rid = heap[0][1]
@@ -221,7 +237,7 @@ class Recording:
                             or held > self.window_bytes
                         ):
                             break
-                        t, rid, _, raw = heapq.heappop(heap)
+                        t, rid, _, raw, src = heapq.heappop(heap)
                         held -= len(raw)
                         rec = self._release(raw)
                         if rec is None:
@@ -229,16 +245,16 @@ class Recording:
                         if last_id is None or rid <= last_id:
                             session += 1
                         last_key, last_id = (t, rid), rid
-                        yield session, rec
+                        yield session, rec, src
         while heap:
-            t, rid, _, raw = heapq.heappop(heap)
+            t, rid, _, raw, src = heapq.heappop(heap)
             rec = self._release(raw)
             if rec is None:
                 continue
             if last_id is None or rid <= last_id:
                 session += 1
             last_id = rid
-            yield session, rec
+            yield session, rec, src
         self.stats.sessions = session
 
     def _release(self, raw: bytes) -> dict[str, Any] | None:
@@ -249,8 +265,8 @@ class Recording:
             self.stats.records += 1
         return rec
 
-    def exact(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        """Records in R16 order by sorting an index of every line."""
+    def exact_sourced(self) -> Iterator[Sourced]:
+        """`exact()`, each record with the index of the file it came from."""
         self.stats = ReadStats(bytes_total=self.stats.bytes_total, exact=True)
         bar = self._bar or _Progress(False, 0)
         bar.restart("indexing", self.stats.bytes_total)
@@ -285,7 +301,7 @@ class Recording:
                 if last_id is None or rid <= last_id:
                     session += 1
                 last_id = rid
-                yield session, rec
+                yield session, rec, fi
             self.stats.sessions = session
         finally:
             for f in files:
@@ -312,4 +328,28 @@ def read_all(
             result = consume(rec.stream())
         except NeedsExactOrder:
             result = consume(rec.exact())
+        return result, rec.stats
+
+
+def read_sourced(
+    paths: Sequence[str],
+    consume: Callable[[Iterator[Sourced]], Any],
+    *,
+    progress: bool | None = None,
+    stdin: IO[bytes] | None = None,
+    window_lines: int = WINDOW_LINES,
+    window_bytes: int = WINDOW_BYTES,
+) -> tuple[Any, ReadStats]:
+    """`read_all`, each record with the index in `paths` of the file it came from.
+
+    A session can span files (R17 joins them by id), so the file is the
+    record's, not the session's: `--rows` names it in its `recording` column.
+    """
+    with Recording(
+        paths, progress=progress, stdin=stdin, window_lines=window_lines, window_bytes=window_bytes
+    ) as rec:
+        try:
+            result = consume(rec.stream_sourced())
+        except NeedsExactOrder:
+            result = consume(rec.exact_sourced())
         return result, rec.stats

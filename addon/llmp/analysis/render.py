@@ -460,6 +460,8 @@ def render(
                 + " cut prompts that did not fit the context; the server-side losses of "
                 "those turns come from the cut (see Findings)."
             )
+    for line in speculative_lines(header.get("speculative")):
+        console.print(line)
     console.print()
 
     # Findings: what cost time first, then what costs context.
@@ -521,6 +523,25 @@ def render(
         if len(convs) > per_client:
             table.caption = f"… and {len(convs) - per_client} more conversations"
         console.print(table)
+
+
+def speculative_text(spec: dict[str, Any]) -> str:
+    """`qwen3-8b.gguf: 812 of 1,024 drafted tokens accepted (79%)`."""
+    drafted, accepted = spec.get("draft_n") or 0, spec.get("draft_n_accepted") or 0
+    rate = spec.get("acceptance")
+    pct = f" ({rate:.0%})" if isinstance(rate, (int, float)) else ""
+    model = short_model(spec.get("model"))
+    return f"{model}: {accepted:,} of {drafted:,} drafted tokens accepted{pct}"
+
+
+def speculative_lines(specs: Any) -> list[str]:
+    """What speculative decoding kept, one line per served model (none without a draft)."""
+    items = [s for s in specs or [] if isinstance(s, dict)]
+    if not items:
+        return []
+    if len(items) == 1:
+        return [f"Speculative decoding: {speculative_text(items[0])}."]
+    return ["Speculative decoding:", *(f"  {speculative_text(s)}" for s in items)]
 
 
 def _mv(mv: tuple[float, str] | None) -> float | None:

@@ -103,6 +103,8 @@ class Totals:
         self.called: Counter[tuple[int, str]] = Counter()
         self.convs: dict[int, ConversationSummary] = {}
         self.sessions: set[int] = set()
+        # Per served model: rows that reported drafting, Σ draft_n, Σ draft_n_accepted.
+        self.speculative: dict[str, list[int]] = {}
 
     def record(self, t_start: int) -> None:
         self.records += 1
@@ -185,6 +187,13 @@ class Totals:
         else:
             self.stateless += 1
         self.losses.add(row)
+        if row.draft_n is not None:
+            spec = self.speculative.get(row.served)
+            if spec is None:
+                spec = self.speculative[row.served] = [0, 0, 0]
+            spec[0] += 1
+            spec[1] += row.draft_n
+            spec[2] += row.draft_n_accepted or 0
 
     def _conversation(self, row: Row) -> None:
         assert row.conversation is not None
@@ -226,6 +235,20 @@ class Totals:
         for (client, name), ts in out.items():
             ts.called = self.called.get((client, name), 0)
         return out
+
+
+def speculative(totals: Totals) -> list[dict[str, Any]]:
+    """Additive (docs/analysis.md §9): what speculative decoding kept, per served model."""
+    return [
+        {
+            "model": model,
+            "rows": rows,
+            "draft_n": drafted,
+            "draft_n_accepted": accepted,
+            "acceptance": round(accepted / drafted, 4) if drafted else None,
+        }
+        for model, (rows, drafted, accepted) in sorted(totals.speculative.items())
+    ]
 
 
 def build_header(
@@ -338,6 +361,7 @@ def build_header(
         "clients": list(clients.values()),
         "tools": tools,
         "findings": findings,
+        "speculative": speculative(totals),
     }
 
 
@@ -368,6 +392,7 @@ __all__ = [
     "Spill",
     "Totals",
     "build_header",
+    "speculative",
     "spilled_rows",
     "write_report",
 ]

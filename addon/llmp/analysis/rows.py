@@ -69,6 +69,12 @@ class Row:
     served: str = ""
     volatile: Loss | None = None  # a volatile head's cost (the `volatile_head` finding)
     volatile_where: dict[str, Any] | None = None
+    recording: int = 0
+    """The file the record came from: its index in the paths read (R17)."""
+    draft_n: int | None = None
+    """llama-server's `timings.draft_n`: tokens a draft model proposed (speculative decoding)."""
+    draft_n_accepted: int | None = None
+    """`timings.draft_n_accepted`: the proposed tokens the served model kept."""
 
     def head(self) -> dict[str, Any]:
         return {"id": self.id, "api": self.api, "model": self.model}
@@ -128,14 +134,24 @@ class Row:
         }
 
     def spill_line(self) -> bytes:
-        """`<client>\\t<head without "}">\\t<tail without "{">\\n`: JSON has no raw tabs."""
+        """`<client>\\t<extra>\\t<head without "}">\\t<tail without "{">\\n`: JSON has no
+        raw tabs.  `extra` (`spill_extra`) is what `--rows` adds to the report's fields."""
         key = (self.api, self.model)
         mid = _HEADS.get(key)
         if mid is None:
             if len(_HEADS) > 4096:
                 _HEADS.clear()
             mid = _HEADS[key] = orjson.dumps({"api": self.api, "model": self.model})[1:-1]
-        return b'%d\t{"id":%d,%s\t%s\n' % (self.client, self.id, mid, orjson.dumps(self.tail())[1:])
+        dn, da = self.draft_n, self.draft_n_accepted
+        return b'%d\t%d,%s,%s\t{"id":%d,%s\t%s\n' % (
+            self.client,
+            self.recording,
+            b"" if dn is None else b"%d" % dn,
+            b"" if da is None else b"%d" % da,
+            self.id,
+            mid,
+            orjson.dumps(self.tail())[1:],
+        )
 
     def as_json(self, label: str) -> dict[str, Any]:
         """The row as the report writes it (for tests and the live view)."""
@@ -189,8 +205,15 @@ class LossByCause:
 
 def join_spilled(line: bytes, labels: list[bytes]) -> bytes:
     """A spilled row with its client label put back."""
-    key, head, tail = line.rstrip(b"\n").split(b"\t", 2)
+    key, _, head, tail = line.rstrip(b"\n").split(b"\t", 3)
     return head + b',"client":' + labels[int(key)] + b"," + tail
 
 
-__all__ = ["COMPOSITION", "CauseTotal", "Loss", "LossByCause", "Row", "join_spilled"]
+def spill_extra(line: bytes) -> tuple[int, int | None, int | None]:
+    """A spilled row's recording index, `draft_n` and `draft_n_accepted` (not in the report)."""
+    extra = line.split(b"\t", 2)[1]
+    rec, dn, da = extra.split(b",")
+    return int(rec), int(dn) if dn else None, int(da) if da else None
+
+
+__all__ = ["COMPOSITION", "CauseTotal", "Loss", "LossByCause", "Row", "join_spilled", "spill_extra"]

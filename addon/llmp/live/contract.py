@@ -21,6 +21,8 @@ VERSION = 1
 RESERVED_PREFIX = "/_llmp/"
 """Paths the addon answers itself: never forwarded upstream, never recorded."""
 SUMMARY_PATH = "/_llmp/summary"
+METRICS_PATH = "/_llmp/metrics"
+"""The Prometheus text of `llmp.live.metrics` (docs/metrics.md); wired into the proxy later."""
 TURN_TAG = "LLMP_TURN"
 SUMMARY_TAG = "LLMP_SUMMARY"
 SESSION = 1  # one proxy process is one session (R16)
@@ -30,6 +32,7 @@ MIB = 1024 * 1024
 
 #: The LLMP_TURN fields, in order; also the CSV columns.  Every value is a
 #: scalar (or null, meaning not measured), so one list serves both encodings.
+#: Additive fields go at the end (readers of v1 read by name).
 TURN_FIELDS: tuple[str, ...] = (
     "v",
     "id",
@@ -70,6 +73,8 @@ TURN_FIELDS: tuple[str, ...] = (
     "other_models_between",
     "cause_text",
     "warn",
+    "draft_n",
+    "draft_n_accepted",
 )
 
 

@@ -151,6 +151,8 @@ def turn_event(row: Row, btw: Between | None, label: Callable[[int], str]) -> di
         "other_models_between": len(row.other_domains_between),
         "cause_text": cause_text(row, btw, label) if losses else None,
         "warn": False,
+        "draft_n": row.draft_n,
+        "draft_n_accepted": row.draft_n_accepted,
     }
 
 
@@ -181,6 +183,10 @@ def request_line(ev: dict[str, Any]) -> str:
         reuse = ev["reuse"]
         facts.append(f"{reuse:.0%} reused" if reuse is not None else "reuse not reported")
     facts.append(f"prefill {duration(ev['prefill_ms'])}")
+    drafted = ev.get("draft_n")
+    if drafted:
+        accepted = ev.get("draft_n_accepted") or 0
+        facts.append(f"draft {accepted / drafted:.0%} accepted ({accepted:,} of {drafted:,})")
     line = f"{head}: {', '.join(facts)}"
     lost = ev.get("lost_tokens")
     if lost:

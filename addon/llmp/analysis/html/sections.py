@@ -16,7 +16,7 @@ from llmp.analysis.html.common import (
     _when,
 )
 from llmp.analysis.html.page import _Page
-from llmp.analysis.render import duration, sentence
+from llmp.analysis.render import duration, sentence, speculative_text
 
 # -- sections ------------------------------------------------------------------
 
@@ -79,6 +79,18 @@ def _header(p: _Page, report: dict[str, Any], rows: list[dict[str, Any]], title:
             "",
         ),
     ]
+    specs = [s for s in report.get("speculative") or [] if isinstance(s, dict)]
+    drafted = sum(_int(s.get("draft_n")) or 0 for s in specs)
+    if drafted:
+        accepted = sum(_int(s.get("draft_n_accepted")) or 0 for s in specs)
+        cards.append(
+            (
+                "Draft accepted",
+                f"{accepted / drafted:.0%}",
+                f"{accepted:,} of {drafted:,} drafted tokens (speculative decoding)",
+                "",
+            )
+        )
     p.add('<div class="cards">')
     for k, v, d, cls in cards:
         p.add(
@@ -86,6 +98,12 @@ def _header(p: _Page, report: dict[str, Any], rows: list[dict[str, Any]], title:
             f'<div class="v {cls}">{_e(v)}</div><div class="d">{_e(d)}</div></div>'
         )
     p.add("</div>\n")
+    if specs:
+        p.add(
+            '<p class="note speculative">Speculative decoding: '
+            + "; ".join(_e(speculative_text(s)) for s in specs)
+            + ".</p>\n"
+        )
 
 
 def _loss_by_cause(p: _Page, report: dict[str, Any]) -> None:

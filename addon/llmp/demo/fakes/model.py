@@ -125,6 +125,8 @@ class Gen:
     created: int
     rng: random.Random
     reasoning_inline: bool = False
+    draft_accept: float | None = None
+    """The ``draft`` mode: the share of drafted tokens a draft model got accepted."""
 
     @property
     def content_text(self) -> str:
@@ -146,12 +148,18 @@ def max_tokens(body: dict[str, Any]) -> int | None:
     return None
 
 
+def draft_counts(predicted_n: int, accept: float) -> tuple[int, int]:
+    """``draft_n`` and ``draft_n_accepted`` of the ``draft`` mode: two drafted per token."""
+    drafted = 2 * predicted_n
+    return drafted, min(drafted, round(drafted * accept))
+
+
 def timings(g: Gen, predicted_n: int | None = None) -> dict[str, Any]:
     """llama-server's ``timings`` object for ``g`` (``predicted_n`` so far, if given)."""
     pn = g.predicted_n if predicted_n is None else predicted_n
     prompt_ms = round(g.prompt_n * PROMPT_MS_PER_TOKEN, 3)
     predicted_ms = round(pn * PREDICTED_MS_PER_TOKEN, 3)
-    return {
+    out: dict[str, Any] = {
         "cache_n": g.cache_n,
         "prompt_n": g.prompt_n,
         "prompt_ms": prompt_ms,
@@ -162,6 +170,10 @@ def timings(g: Gen, predicted_n: int | None = None) -> dict[str, Any]:
         "predicted_per_token_ms": predicted_ms / pn if pn else 0.0,
         "predicted_per_second": 1000.0 * pn / predicted_ms if predicted_ms else 0.0,
     }
+    if g.draft_accept is not None and pn > 0:
+        # llama-server adds these, last, only when a draft model proposed tokens.
+        out["draft_n"], out["draft_n_accepted"] = draft_counts(pn, g.draft_accept)
+    return out
 
 
 class FakeModel:
@@ -262,4 +274,5 @@ class FakeModel:
             created=int(time.time()),
             rng=rng,
             reasoning_inline=inline,
+            draft_accept=(float(modes.get("draft") or 75) / 100 if "draft" in modes else None),
         )

@@ -43,6 +43,8 @@ MODES: dict[str, str] = {
     "/v1/messages: no cache_read_input_tokens, input_tokens = whole prompt; llama "
     "/v1/responses: no input_tokens_details, no timings",
     "cache_miss": "report no cached prompt tokens for this request",
+    "draft": "=PERCENT: llama timings gain draft_n (2 per generated token) and "
+    "draft_n_accepted (PERCENT of them, default 75), as with --model-draft",
     "close": "answer with Connection: close and close the connection afterwards",
     "no_content_type": "omit the Content-Type response header",
     "content_type": "=VALUE: use this Content-Type instead",
