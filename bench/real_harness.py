@@ -463,7 +463,7 @@ class StepLog:
 
 def restart_llama(llama: LlamaServer) -> None:
     """Stop the server and start it again on the same port (its cache is gone)."""
-    import real
+    from tests.support import real
 
     port = llama.port
     llama.stop()

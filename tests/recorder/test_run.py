@@ -202,3 +202,17 @@ def test_input_and_ctrl_c_reach_the_child(tmp_path: Path, llama: Upstream) -> No
     assert "llmp analyze" in text and "1 chat request analysed" in text  # still reported
     rec = [json.loads(x) for x in (tmp_path / "rec.jsonl").read_text().splitlines()]
     assert len(rec) == 1 and rec[0]["error"] is None
+
+
+def test_the_report_is_of_this_session_only(tmp_path: Path, llama: Upstream) -> None:
+    """A recording appended to by several runs: each run reports its own session."""
+    script = tmp_path / "chat.py"
+    script.write_text(CHAT)
+    args = ["--upstream", llama.url, "--out", "day.jsonl", "--", sys.executable, str(script)]
+    first = run([*args, "2"], tmp_path)
+    second = run([*args, "1"], tmp_path)
+    assert first.returncode == second.returncode == 0
+    assert "2 chat requests analysed" in first.stderr
+    assert "1 chat request analysed" in second.stderr  # not 3: the file holds both
+    lines = (tmp_path / "day.jsonl").read_text().splitlines()
+    assert [json.loads(x)["id"] for x in lines] == [1, 2, 1]

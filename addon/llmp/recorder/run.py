@@ -171,11 +171,21 @@ def _discard_if_empty(path: str, created: bool) -> None:
         pass
 
 
-def _report(recording: str, html: Path | None) -> None:
-    """The readable report on stderr, and the page when asked."""
+def _report(recording: str, since: int, html: Path | None) -> None:
+    """The report of this session only: the bytes this run appended to the recording
+    (it may hold earlier sessions), on stderr, and the page when asked."""
+    import tempfile
+
     from llmp.analysis.command import explain
 
-    explain([recording], out=sys.stderr, html=html)
+    with (
+        open(recording, "rb") as src,
+        tempfile.NamedTemporaryFile(prefix="llmp-run-", suffix=".jsonl") as part,
+    ):
+        src.seek(since)
+        shutil.copyfileobj(src, part, 1 << 20)
+        part.flush()
+        explain([part.name], out=sys.stderr, html=html)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -206,6 +216,10 @@ def _run(args: argparse.Namespace) -> int:
         check_bindable(cfg.host, cfg.port)
         check_confdir(cfg.confdir)
         log_file = cfg.settings.live_log or live_log_for(cfg.settings.file)
+        try:
+            since = os.path.getsize(cfg.settings.file)  # the report is of what follows
+        except OSError:
+            since = 0
         handler = _setup_logging(log_file, cfg.verbose)
         try:
             code, started = asyncio.run(_session(cfg, command))
@@ -218,7 +232,15 @@ def _run(args: argparse.Namespace) -> int:
     if started:
         if cfg.settings.live:
             print(f"{PROG}: the live view's lines are in {log_file}", file=sys.stderr)
-        _report(cfg.settings.file, html)
+        try:
+            _report(cfg.settings.file, since, html)
+        except Exception:  # the analysis failed: the harness's exit code still stands
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
+            print(
+                f"{PROG}: the report failed; the recording is {cfg.settings.file}", file=sys.stderr
+            )
     return code
 
 
