@@ -100,9 +100,17 @@ class Engine:
         held = self._held
         if held is not None:
             held.waited += 1
-            if isinstance(ex, Exchange) and ex.ua == held.fed.exchange.ua:
-                self._decide_held(s, ex)
-            elif held.waited > self.cfg.side_call_lookahead:
+            ua = held.fed.exchange.ua
+            if isinstance(ex, Exchange) and ex.ua == ua:
+                self._decide_held(s, ex.tools.names, ex.hashes[: ex.n_sys])
+            elif isinstance(ex, Skip) and ex.probe is not None and ex.probe.ua == ua:
+                # A request of the same client that failed still shows its next move.
+                self._decide_held(s, ex.probe.tool_names, ex.probe.sys)
+            elif (isinstance(ex, Skip) and ex.refusal is not None) or (
+                held.waited > self.cfg.side_call_lookahead
+            ):
+                # A refusal is told apart by the rows before it (their served models):
+                # the held row goes first.
                 self._emit(self._release())
         if isinstance(ex, Skip):
             if ex.chat:
@@ -155,7 +163,7 @@ class Engine:
         if self._held is not None:
             self._emit(self._release())
 
-    def _decide_held(self, s: Session, ex: Exchange) -> None:
+    def _decide_held(self, s: Session, tool_names: frozenset[str], sys: tuple[str, ...]) -> None:
         """The held first turn was a side-call when the same client's next request starts
         a tool-using conversation with another system prompt (opencode's title call
         before its first turn, docs/analysis.md §5); else it was the turn it looked."""
@@ -163,7 +171,7 @@ class Engine:
         assert held is not None
         fed = self._release()
         first = fed.exchange
-        if not (ex.tools.names and ex.hashes[: ex.n_sys] != first.hashes[: first.n_sys]):
+        if not (tool_names and sys != first.hashes[: first.n_sys]):
             self._emit(fed)
             return
         row, conv = fed.row, held.conv

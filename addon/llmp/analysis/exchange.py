@@ -33,7 +33,7 @@ class Skip:
     been refused for its context (see overflow.py).
     """
 
-    __slots__ = ("chat", "path", "reason", "refusal")
+    __slots__ = ("chat", "path", "probe", "reason", "refusal")
 
     def __init__(
         self,
@@ -41,11 +41,47 @@ class Skip:
         path: str | None = None,
         chat: bool = False,
         refusal: Refusal | None = None,
+        probe: Probe | None = None,
     ) -> None:
         self.reason = reason
         self.path = path
         self.chat = chat
         self.refusal = refusal
+        self.probe = probe
+
+
+class Probe:
+    """What a skipped chat request still says about its client's next move: its
+    user-agent, tools and system prompt (a first turn held back is decided by it)."""
+
+    __slots__ = ("sys", "tool_names", "ua")
+
+    def __init__(self, ua: str | None, tool_names: frozenset[str], sys: tuple[str, ...]) -> None:
+        self.ua = ua
+        self.tool_names = tool_names
+        self.sys = sys
+
+
+def _probe(req: dict[str, Any], api: ChatApi) -> Probe | None:
+    """The Probe of a skipped chat request whose request can be read, else None."""
+    try:
+        digest: Any = request_digest_of(req, api)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    if digest is None:
+        return None
+    headers = req.get("headers")
+    ua = headers.get("user-agent") if type(headers) is dict else None
+    msgs = digest.get("messages") if isinstance(digest.get("messages"), list) else []
+    sys: list[str] = []
+    for m in msgs:
+        if not isinstance(m, dict) or m.get("role") not in SYSTEM_ROLES:
+            break
+        h = m.get("hash")
+        sys.append(h if type(h) is str else "?")
+    tools = digest.get("tools") if isinstance(digest.get("tools"), list) else []
+    names = frozenset(n for t in tools if isinstance(t, dict) and type(n := t.get("name")) is str)
+    return Probe(ua if type(ua) is str and ua else None, names, tuple(sys))
 
 
 class Tools:
@@ -277,10 +313,11 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
         return Skip(NOT_CHAT, strip_query(path))
     resp = rec.get("response")
     if rec.get("error") is not None or type(resp) is not dict:
-        return Skip(ERROR, chat=True)
+        return Skip(ERROR, chat=True, probe=_probe(req, api))
     status = resp.get("status")
     if type(status) is not int or not 200 <= status < 300:
-        return Skip(NON_2XX, chat=True, refusal=refusal_of(rec, req, resp, api, status))
+        refusal = refusal_of(rec, req, resp, api, status)
+        return Skip(NON_2XX, chat=True, refusal=refusal, probe=_probe(req, api))
     texts: tuple[str, ...] | None = None
     try:
         digest: Any = request_digest_of(req, api)
