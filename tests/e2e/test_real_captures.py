@@ -408,3 +408,18 @@ def test_claude_code_compaction_request_has_no_server_loss(outcomes: Outcomes) -
 def test_opencode_summaries_are_not_a_prefix_break(outcomes: Outcomes) -> None:
     """opencode-3: each continuation resends the new summary, which is new content."""
     assert outcomes["opencode-3"].findings("full", "prefix_break") == []
+
+
+@e2e
+def test_opencode_compactions_are_compactions(outcomes: Outcomes) -> None:
+    """opencode-3: its compaction agent summarises beside the conversation, and the next
+    turn continues from that summary, resent as an assistant message: a compaction, not
+    a rewritten history charged to the client."""
+    for mode in MODES:
+        rows = outcomes["opencode-3"].rows(mode)
+        compacted = [r for r in rows.values() if r["kind"] == "turn" and r["compaction"]]
+        assert compacted, mode
+        for r in compacted:
+            assert r["lost_client"] is None
+            summary = rows[r["id"] - 1]
+            assert summary["kind"] == "side_call", (mode, r["id"])

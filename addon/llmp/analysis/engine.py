@@ -17,7 +17,15 @@ from llmp.analysis.config import Config
 from llmp.analysis.counters import Timing, counts_for
 from llmp.analysis.exchange import Exchange, Skip, Tools, prepare
 from llmp.analysis.findings import Findings
-from llmp.analysis.linking import HEAD, Conversation, RingEntry, Session, TurnState, find_link
+from llmp.analysis.linking import (
+    HEAD,
+    REPLY_MIN_CHARS,
+    Conversation,
+    RingEntry,
+    Session,
+    TurnState,
+    find_link,
+)
 from llmp.analysis.loss import Between, Structure, between, compare, loss_measured, losses
 from llmp.analysis.reader import ReadStats
 from llmp.analysis.report import Spill, Totals, build_header, spilled_rows, write_report
@@ -215,6 +223,9 @@ class Engine:
             if kind == SIDE_CALL and shape == SUMMARISE and ref is not None:
                 ref.summaries.append(ex.out_chars)
                 del ref.summaries[:-4]
+            if kind == SIDE_CALL and ref is not None and ex.out_chars >= REPLY_MIN_CHARS:
+                ref.replies.append(ex.out_chars)
+                del ref.replies[:-4]
             flat = st.unlinked()
             row = Row(
                 id=ex.id,

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from llmp.analysis.exchange import Exchange
 
 RECENT = 64  # conversations the rules after a shared start look at
+REPLY_MIN_CHARS = 32  # a side-call reply shorter than this is too common a size to tell
 
 # Errors of requests that never reached the server.
 NOT_SENT_ERRORS = frozenset(("upstream_unreachable", "timeout"))
@@ -93,6 +94,9 @@ class Conversation:
     last: TurnState
     turns: int = 1
     summaries: list[int] = field(default_factory=list)
+    replies: list[int] = field(default_factory=list)
+    """Reply sizes of its recent side-calls (at least `REPLY_MIN_CHARS`): a turn that
+    resends one as an assistant message continues from a compaction."""
     first: str | None = None  # first rest message of the last turn, as indexed
 
 

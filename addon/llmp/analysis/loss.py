@@ -194,6 +194,8 @@ def compare(ex: Exchange, link: Link | None, cfg: Config) -> Structure:
         st.compaction = True
     elif _carries_summary(ex, nsys + (k if mode in (CONTINUATION, PREFIX) else 0), link.conv, cfg):
         st.compaction = True
+    elif _resends_a_side_reply(ex, nsys + (k if mode in (CONTINUATION, PREFIX) else 0), link.conv):
+        st.compaction = True
     if st.compaction:
         _volatile_head(ex, st, last, ps, sys_eq, tools_eq, cfg)
         return st
@@ -425,6 +427,18 @@ def _common_prefix(a: str, b: str) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def _resends_a_side_reply(ex: Exchange, index: int, conv: Conversation) -> bool:
+    """A rewritten history that resends, as an assistant message, the reply of a side-call
+    of this conversation: the harness summarised it beside the conversation and now
+    continues from the summary (opencode's compaction agent), whatever its size."""
+    if not conv.replies:
+        return False
+    for m in ex.msgs[index:]:
+        if isinstance(m, dict) and m.get("role") == "assistant" and m.get("chars") in conv.replies:
+            return True
+    return False
 
 
 def _carries_summary(ex: Exchange, index: int, conv: Conversation, cfg: Config) -> bool:
