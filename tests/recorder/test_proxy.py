@@ -555,3 +555,15 @@ def test_parse_size(text: str, size: int) -> None:
 def test_flag_names_in_shared_messages() -> None:
     msg = "recording 'x' is in use by another recorder; choose another file with llmp_file"
     assert proxy._flagify(msg).endswith("with --out")
+
+
+def test_rotate_flag_sets_the_option_and_run_has_none() -> None:
+    from llmp.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["proxy", "--upstream", "127.0.0.1:8080", "--rotate", "daily"])
+    assert proxy.build_config(args).settings.rotate == "daily"
+    args = parser.parse_args(["proxy", "--upstream", "127.0.0.1:8080"])
+    assert proxy.build_config(args).settings.rotate == ""
+    with pytest.raises(SystemExit):  # one file per `llmp run`: its report is of that file
+        parser.parse_args(["run", "--rotate", "daily", "--", "true"])

@@ -24,6 +24,7 @@ from llmp.live import contract as llmp_live
 from llmp.recorder import options as llmp_options
 from llmp.recorder.capture import Capture, keep_headers, now_ms
 from llmp.recorder.errors import classify_error
+from llmp.recorder.rotate import DailyFile
 from llmp.recorder.writer import LiveSpec, RecordingError, RecordingFile, RecordWriter
 
 log = logging.getLogger("llmp")
@@ -104,10 +105,17 @@ class Recorder:
             )
         except llmp_options.OptionError as exc:
             raise exceptions.OptionsError(str(exc)) from None
-        new_writer = self.settings is None or settings.file != self.settings.file
+        new_writer = self.settings is None or (settings.file, settings.rotate) != (
+            self.settings.file,
+            self.settings.rotate,
+        )
         if new_writer:
             try:
-                file = RecordingFile(settings.file)
+                file = (
+                    DailyFile(settings.file)
+                    if settings.rotate == "daily"
+                    else RecordingFile(settings.file)
+                )
             except RecordingError as exc:
                 raise exceptions.OptionsError(str(exc)) from None
             if self.writer is not None:
@@ -157,7 +165,7 @@ class Recorder:
             log.info(
                 "%s %s (%s mode, limit %d bytes, connect timeout %g s)",
                 READY,
-                s.file,
+                self.writer.file.path if self.writer is not None else s.file,
                 s.body,
                 s.limit,
                 s.connect_timeout,

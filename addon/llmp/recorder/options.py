@@ -17,6 +17,7 @@ from llmp.live.contract import WARN_MS, WARN_TOKENS
 MIB = 1024 * 1024
 LIMIT = 32 * MIB
 """The default recording limit per body (R12)."""
+ROTATIONS = ("", "daily")
 CONNECT_TIMEOUT = "10"
 """The default connect timeout, in seconds (R13): a string, as mitmproxy options have no float."""
 
@@ -45,6 +46,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Path of the llmp recording, appended to. Empty means llmp-<date>.jsonl.",
     ),
     OptionSpec("llmp_body", str, DIGEST, "Body mode: 'digest' (hashes and counts) or 'full'."),
+    OptionSpec(
+        "llmp_rotate",
+        str,
+        "",
+        "'daily': a new recording file each local day (its date in the name); empty: one file.",
+    ),
     OptionSpec("llmp_limit", int, LIMIT, "Recording limit per body, in bytes."),
     OptionSpec(
         "llmp_connect_timeout",
@@ -105,6 +112,7 @@ class Settings:
 
     file: str
     body: str
+    rotate: str
     limit: int
     connect_timeout: float
     live: bool
@@ -124,6 +132,9 @@ def validate(values: dict[str, Any]) -> Settings:
     body = str(values["llmp_body"]).strip().lower()
     if body not in BODY_MODES:
         raise OptionError(f"llmp_body must be 'digest' or 'full', not {values.get('llmp_body')!r}")
+    rotate = str(values["llmp_rotate"] or "").strip().lower()
+    if rotate not in ROTATIONS:
+        raise OptionError(f"llmp_rotate must be 'daily' or empty, not {values['llmp_rotate']!r}")
     limit = values["llmp_limit"]
     if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
         raise OptionError(f"llmp_limit must be a positive number of bytes, not {limit!r}")
@@ -167,6 +178,7 @@ def validate(values: dict[str, Any]) -> Settings:
     return Settings(
         file=path,
         body=body,
+        rotate=rotate,
         limit=int(limit),
         connect_timeout=float(timeout),
         live=live,

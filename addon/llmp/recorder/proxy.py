@@ -37,6 +37,7 @@ PROG = "llmp proxy"
 FLAG_FOR_OPTION: dict[str, str] = {
     "llmp_file": "--out",
     "llmp_body": "--full",
+    "llmp_rotate": "--rotate",
     "llmp_limit": "--limit",
     "llmp_connect_timeout": "--connect-timeout",
     "llmp_live": "--no-live",
@@ -229,6 +230,9 @@ def build_config(args: argparse.Namespace) -> ProxyConfig:
         "llmp_file": os.path.abspath(os.path.expanduser(out)),
         "llmp_body": "full" if args.full else "digest",
     }
+    rotate = getattr(args, "rotate", None)  # `llmp proxy` only: `llmp run` reports one file
+    if rotate:
+        values["llmp_rotate"] = rotate
     if args.limit is not None:
         values["llmp_limit"] = parse_size(args.limit)
     if args.connect_timeout is not None:
@@ -534,6 +538,11 @@ def register(sub: Any) -> None:
         "--forward",
         action="store_true",
         help="forward proxy for HTTPS clients (HTTPS_PROXY) instead of --upstream",
+    )
+    parser.add_argument(
+        "--rotate",
+        choices=[r for r in llmp_options.ROTATIONS if r],
+        help="'daily': start a new recording file each local day, its date in the name",
     )
     add_recorder_flags(parser)
     parser.set_defaults(handler=_run)

@@ -15,7 +15,7 @@ import logging
 import os
 import queue
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llmp.format.lockfile import RecordingError, close_locked, open_locked, write_all
 from llmp.live.contract import LiveConfig, LiveError
@@ -25,7 +25,14 @@ from llmp.recorder.capture import Capture
 if TYPE_CHECKING:
     from llmp.live.view import LiveView
 
-__all__ = ["LiveSpec", "RecordWriter", "RecordingError", "RecordingFile", "open_locked"]
+__all__ = [
+    "LiveSpec",
+    "RecordSink",
+    "RecordWriter",
+    "RecordingError",
+    "RecordingFile",
+    "open_locked",
+]
 
 log = logging.getLogger("llmp")
 
@@ -45,6 +52,20 @@ def _last_line_start(fh: Any, size: int, block: int = 1 << 16) -> int:
             return begin + cut + 1
         end = begin
     return 0
+
+
+class RecordSink(Protocol):
+    """Where the writer puts lines: one `RecordingFile`, or one a day (`llmp.recorder.rotate`)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def fd(self) -> int: ...
+    @property
+    def created(self) -> bool: ...
+    def write_line(self, line: bytes) -> None: ...
+    def discard(self) -> None: ...
+    def close(self) -> None: ...
 
 
 class RecordingFile:
@@ -145,7 +166,7 @@ class RecordWriter:
     """
 
     def __init__(
-        self, file: RecordingFile, mode: str, *, child: bool = True, terminal: int = 1
+        self, file: RecordSink, mode: str, *, child: bool = True, terminal: int = 1
     ) -> None:
         """`terminal`: where the builder child writes the live view's lines (a file
         descriptor, by default the proxy's stdout), unless `llmp_live_log` names a file."""
