@@ -291,3 +291,49 @@ def test_in_thread_writer_runs_the_live_view_itself(
     writer.close()
     want_lines, _ = in_process(rec, cfg, "full")
     assert live_lines(caplog) == want_lines
+
+
+def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a Prometheus text, by name and labels; the `_created` times left out."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text.decode())
+        for s in family.samples
+        if not s.name.endswith("_created")
+    }
+
+
+@pytest.mark.parametrize("child", [True, False], ids=["child", "in-thread"])
+def test_metrics_are_the_live_views_wherever_it_runs(tmp_path: Path, child: bool) -> None:
+    """`GET /_llmp/metrics`'s body: from the child's channel, or the writer's own view."""
+    rec = tmp_path / "rec.jsonl"
+    writer = RecordWriter(RecordingFile(str(rec)), "digest", child=child)
+    assert writer.live_metrics() is None  # no live view: the endpoint says it is off
+    writer.set_live(LiveSpec(LiveConfig(), first_id=1))
+    caps = captures(sc.changed_system())
+    for cap in caps:
+        writer.submit(cap)
+    wait_written(writer, len(caps))
+    # What a live view fed the written recording here says, with the same totals.
+    mine = LiveView(LiveConfig(), body="digest", say=lambda level, line: None)
+    for raw in rec.read_bytes().splitlines():
+        mine.on_record(orjson.loads(raw))
+    want = samples(mine.metrics_text(len(caps), 0))
+    mine.close()
+    answer, got = None, {}
+    for _ in range(500):  # the child may still be feeding its view the last record
+        answer = writer.live_metrics()
+        assert answer is not None
+        got = samples(answer[0])
+        if got == want:
+            break
+        time.sleep(0.01)
+    writer.close()
+    assert answer is not None
+    content_type = answer[1]
+    assert content_type.startswith("text/plain; version=")
+    assert got == want
+    assert sum(v for (name, _), v in got.items() if name == "llmp_requests_total") > 0
+    assert got[("llmp_records_failed_total", ())] == 0

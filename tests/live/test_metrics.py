@@ -1,8 +1,7 @@
 """`llmp.live.metrics`: the live view's rows as Prometheus metrics, checked against the report.
 
 Each scenario recording is fed to the live view in end order (as the writer
-feeds it), with `Metrics` hooked where the live view gets each row; the
-output is parsed with prometheus_client's own parser and every number
+feeds it), which gives each row to its `Metrics`; the output is parsed with prometheus_client's own parser and every number
 compared with `llmp analyze` of the same recording.
 """
 
@@ -30,19 +29,13 @@ Labels = tuple[tuple[str, str], ...]
 
 
 def live_metrics(traffic: sc.Traffic, **kw: Any) -> tuple[Metrics, list[dict[str, Any]]]:
-    """The live view fed the recording in end order, each row also given to `Metrics`."""
+    """The live view fed the recording in end order, as the writer feeds it; its metrics.
+
+    With `kw` (label bounds), the view's metrics are replaced before the first record.
+    """
     view = LiveView(LiveConfig(), say=lambda level, line: None)
-    metrics = Metrics(view.engine.clients.label, **kw)
-    feed = view.engine.feed
-
-    def hooked(session: int, rec: dict[str, Any]) -> Any:
-        fed = feed(session, rec)
-        metrics.observe_record(rec)
-        if fed is not None:
-            metrics.observe(fed.row)
-        return fed
-
-    view.engine.feed = hooked  # type: ignore[method-assign]
+    if kw:
+        view.metrics = Metrics(view.engine.clients.label, **kw)
     recs = []
     for line in traffic.lines("digest", "end"):
         rec = parse_line(line)
@@ -50,8 +43,9 @@ def live_metrics(traffic: sc.Traffic, **kw: Any) -> tuple[Metrics, list[dict[str
         recs.append(rec)
         view.on_record(rec)
     assert view.close() is not None
-    metrics.recorder(written=len(recs), failed=0)
-    return metrics, recs
+    text = view.metrics_text(written=len(recs), failed=0)
+    assert text == view.metrics.render()
+    return view.metrics, recs
 
 
 def parsed(metrics: Metrics) -> dict[str, dict[Labels, float]]:

@@ -22,7 +22,7 @@ RESERVED_PREFIX = "/_llmp/"
 """Paths the addon answers itself: never forwarded upstream, never recorded."""
 SUMMARY_PATH = "/_llmp/summary"
 METRICS_PATH = "/_llmp/metrics"
-"""The Prometheus text of `llmp.live.metrics` (docs/metrics.md); wired into the proxy later."""
+"""The Prometheus text of `llmp.live.metrics` (docs/metrics.md), served by the recording proxy."""
 TURN_TAG = "LLMP_TURN"
 SUMMARY_TAG = "LLMP_SUMMARY"
 SESSION = 1  # one proxy process is one session (R16)

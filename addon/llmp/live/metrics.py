@@ -3,9 +3,9 @@
 A team that runs one proxy for weeks watches it in Grafana; this module turns
 what the live view already computes into the Prometheus text format, with
 `prometheus_client` on a registry of its own (never the process's global
-one, never written by hand).  Pure: no mitmproxy, and nothing here is
-served yet: the recording proxy will answer `GET /_llmp/metrics` with
-`Metrics.render()`.
+one, never written by hand).  Pure: no mitmproxy.  The live view holds one
+`Metrics` and feeds it every row (`llmp.live.view.LiveView.metrics`); the
+recording proxy answers `GET /_llmp/metrics` with its `render()`.
 
 Label values are bounded, so a long-running proxy cannot grow the scrape
 without limit: the first `max_clients` client keys and `max_models` served

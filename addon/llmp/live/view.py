@@ -40,6 +40,7 @@ from llmp.live.contract import (
 )
 from llmp.live.eventfiles import CsvFile, EventFile
 from llmp.live.events import count, over_threshold, request_line, summary_line, turn_event
+from llmp.live.metrics import Metrics
 from llmp.live.sink import LineSink
 
 log = logging.getLogger("llmp")
@@ -239,6 +240,7 @@ class LiveView:
         self.totals = _Agg()
         self.losses = LossByCause()
         self.clients: dict[int, _Agg] = {}
+        self.metrics = Metrics(self.engine.clients.label)
         self._events: EventFile | None = None
         self._csv: CsvFile | None = None
         try:
@@ -313,9 +315,11 @@ class LiveView:
     def _analyse(self, rec: dict[str, Any]) -> dict[str, Any] | None:
         fed = self.engine.feed(SESSION, rec)
         self.records += 1
+        self.metrics.observe_record(rec)
         if fed is None:
             return None
         row = fed.row
+        self.metrics.observe(row)
         ev = turn_event(row, fed.between, self.engine.clients.label)
         ev["warn"] = over_threshold(ev, self.cfg.warn_ms, self.cfg.warn_tokens)
         self.totals.add(row, ev)
@@ -346,6 +350,15 @@ class LiveView:
     def summary_json(self) -> bytes:
         """The body of `GET /_llmp/summary`."""
         return orjson.dumps(self.summary(recent=True))
+
+    def metrics_text(self, written: int, failed: int) -> bytes:
+        """The body of `GET /_llmp/metrics` (`metrics.CONTENT_TYPE`), with the writer's totals.
+
+        Under the lock: client labels are resolved from the engine as scraped.
+        """
+        with self._lock:
+            self.metrics.recorder(written, failed)
+            return self.metrics.render()
 
     def _summary(self, recent: bool) -> dict[str, Any]:
         label = self.engine.clients.label

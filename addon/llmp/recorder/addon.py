@@ -173,10 +173,11 @@ class Recorder:
             if s.live:
                 log.info(
                     "llmp: live view on: a line per chat request, a warning above %s "
-                    "or %s lost; summary at GET %s",
+                    "or %s lost; summary at GET %s, Prometheus metrics at GET %s",
                     f"{s.live_warn_tokens:,} token{'' if s.live_warn_tokens == 1 else 's'}",
                     f"{s.live_warn_ms:,} ms",
                     llmp_live.SUMMARY_PATH,
+                    llmp_live.METRICS_PATH,
                 )
 
     def done(self) -> None:
@@ -271,9 +272,15 @@ class Recorder:
 
     async def _reserved(self, method: str, path: str) -> http.Response:
         """The answer to a request for a /_llmp/ path; never forwarded upstream."""
-        if path.split("?", 1)[0] != llmp_live.SUMMARY_PATH:
+        path = path.split("?", 1)[0]
+        if path not in (llmp_live.SUMMARY_PATH, llmp_live.METRICS_PATH):
             return _json_response(
-                404, {"v": 1, "error": f"no such llmp path; try GET {llmp_live.SUMMARY_PATH}"}
+                404,
+                {
+                    "v": 1,
+                    "error": f"no such llmp path; try GET {llmp_live.SUMMARY_PATH} "
+                    f"or GET {llmp_live.METRICS_PATH}",
+                },
             )
         if method != "GET":
             resp = _json_response(405, {"v": 1, "error": "use GET"})
@@ -282,7 +289,15 @@ class Recorder:
         writer = self.writer
         if writer is None or self._live_key is None:
             return _json_response(404, {"v": 1, "error": "the live view is off (llmp_live)"})
-        # The summary comes from the builder child (or the writer's thread): asked off the loop.
+        # Both come from the builder child (or the writer's thread): asked off the loop.
+        if path == llmp_live.METRICS_PATH:
+            answer = await asyncio.to_thread(writer.live_metrics)
+            if answer is None:
+                return _json_response(503, {"v": 1, "error": "the live view did not answer"})
+            text, content_type = answer
+            return http.Response.make(
+                200, text, {"content-type": content_type, "cache-control": "no-store"}
+            )
         summary = await asyncio.to_thread(writer.live_summary)
         if summary is None:
             return _json_response(503, {"v": 1, "error": "the live view did not answer"})

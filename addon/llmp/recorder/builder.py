@@ -23,10 +23,11 @@ log lines (the live view's per-request lines, its errors) itself, to a copy
 of the proxy's stdout or to `llmp_live_log` (`llmp.live.sink`): nothing
 of the live view passes back through the proxy's process.
 
-`GET /_llmp/summary` must not wait for records being built, so summaries
-have a channel of their own: a socket pair, served by a thread in the child.
-The parent sends one byte and reads one frame: the summary JSON, or nothing
-when no live view runs.
+`GET /_llmp/summary` and `GET /_llmp/metrics` must not wait for records
+being built, so they have a channel of their own: a socket pair, served by a
+thread in the child.  The parent sends `ASK_SUMMARY`, or `ASK_METRICS` and
+the writer's totals (`METRICS_TOTALS`: written, lost), and reads one frame:
+the summary JSON or the Prometheus text, or nothing when no live view runs.
 
 The child ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process
 group, and the parent must drain first) and exits when its stdin closes, so
@@ -53,6 +54,10 @@ from llmp.recorder.capture import Capture
 log = logging.getLogger("llmp")
 
 FRAME = struct.Struct("<Q")
+ASK_SUMMARY = b"?"
+ASK_METRICS = b"m"
+METRICS_TOTALS = struct.Struct("<QQ")
+"""After `ASK_METRICS`: the records the writer wrote, and those it lost."""
 BUILD = "build"
 LIVE = "live"
 LIVE_OFF = "live_off"
@@ -69,7 +74,7 @@ def read_exact(stream: IO[bytes], size: int) -> bytes:
     return data
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
+def recv_exact(sock: socket.socket, size: int) -> bytes:
     parts: list[bytes] = []
     while size:
         chunk = sock.recv(size)
@@ -152,6 +157,14 @@ class ChildBuilder:
 
     def summary(self, timeout: float = 10.0) -> bytes | None:
         """The live view's summary JSON; None when none runs or the child can't answer."""
+        return self._ask(ASK_SUMMARY, timeout)
+
+    def metrics(self, written: int, lost: int, timeout: float = 10.0) -> bytes | None:
+        """The live view's Prometheus text with the writer's totals; None as for `summary`."""
+        return self._ask(ASK_METRICS + METRICS_TOTALS.pack(written, lost), timeout)
+
+    def _ask(self, question: bytes, timeout: float) -> bytes | None:
+        """One question on the summary channel, one frame back (from any thread)."""
         if not self._summary_lock.acquire(timeout=timeout):
             return None
         try:
@@ -160,9 +173,9 @@ class ChildBuilder:
                 return None
             try:
                 sock.settimeout(timeout)
-                sock.sendall(b"?")
-                (size,) = FRAME.unpack(_recv_exact(sock, FRAME.size))
-                return _recv_exact(sock, size) or None
+                sock.sendall(question)
+                (size,) = FRAME.unpack(recv_exact(sock, FRAME.size))
+                return recv_exact(sock, size) or None
             except (OSError, EOFError) as exc:
                 # A late answer would be read as the next one's: this channel is done.
                 log.warning("llmp: the live view's summary channel failed (%s)", exc or "EOF")

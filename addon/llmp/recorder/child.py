@@ -22,7 +22,16 @@ from llmp.format.lines import parse_line
 from llmp.live.contract import LiveConfig, LiveError
 from llmp.live.sink import LineSink, SinkHandler
 from llmp.live.view import LiveView
-from llmp.recorder.builder import BUILD, FRAME, LIVE, LIVE_OFF, read_exact
+from llmp.recorder.builder import (
+    ASK_METRICS,
+    BUILD,
+    FRAME,
+    LIVE,
+    LIVE_OFF,
+    METRICS_TOTALS,
+    read_exact,
+    recv_exact,
+)
 from llmp.recorder.record import build_line
 
 log = logging.getLogger("llmp")
@@ -107,16 +116,27 @@ class _Child:
         self.view = replace_view(old, cfg, body=body, first_id=first_id, say=self.terminal.say)
 
     def serve_summaries(self, sock: socket.socket) -> None:
-        """The summary channel: a byte in, the summary out, until the parent closes it."""
+        """The summary channel: a question in, the summary or the metrics out, until it closes."""
         with sock:
             while True:
                 try:
-                    if not sock.recv(1):
+                    question = sock.recv(1)
+                    if not question:
                         return
+                    totals = (
+                        METRICS_TOTALS.unpack(recv_exact(sock, METRICS_TOTALS.size))
+                        if question == ASK_METRICS
+                        else None
+                    )
                     view = self.view
-                    data = view.summary_json() if view is not None else b""
+                    if view is None:
+                        data = b""
+                    elif totals is not None:
+                        data = view.metrics_text(*totals)
+                    else:
+                        data = view.summary_json()
                     sock.sendall(FRAME.pack(len(data)) + data)
-                except OSError:
+                except (OSError, EOFError):
                     return
 
 

@@ -216,6 +216,24 @@ class RecordWriter:
             return None
         return builder.summary()
 
+    def live_metrics(self) -> tuple[bytes, str] | None:
+        """The live view's Prometheus text with this writer's totals, and its Content-Type;
+        None when the view is off.
+
+        Blocks, like `live_summary`.  The Content-Type is prometheus_client's,
+        imported here (off the event loop) because it changes with its version.
+        """
+        from llmp.live.metrics import CONTENT_TYPE
+
+        local = self._local
+        if local is not None:
+            return local.metrics_text(self.written, self.lost), CONTENT_TYPE
+        builder = self._builder
+        if builder is None or self._live is None:
+            return None
+        text = builder.metrics(self.written, self.lost)
+        return None if text is None else (text, CONTENT_TYPE)
+
     def _run(self) -> None:
         while True:
             item = self._queue.get()
