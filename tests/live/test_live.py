@@ -357,7 +357,7 @@ def _break_on(view: LiveView, rid: int) -> None:
             raise RuntimeError("engine bug")
         return feed(session, rec)
 
-    view.engine.feed = broken  # type: ignore[method-assign]
+    view.engine.feed = broken  # type: ignore[method-assign, assignment]
 
 
 def test_a_failing_record_never_reaches_the_writer(caplog: pytest.LogCaptureFixture) -> None:

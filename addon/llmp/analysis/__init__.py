@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -14,9 +15,20 @@ from typing import IO, Any
 from llmp.analysis.changes import Changes
 from llmp.analysis.config import Config
 from llmp.analysis.engine import Engine
+from llmp.analysis.exchange import read_record
 from llmp.analysis.reader import ReadStats, Sourced, read_sourced
+from llmp.format.lines import parse_line
 
-__all__ = ["Analysis", "Config", "Engine", "analyze"]
+__all__ = ["PLAIN_ENV", "Analysis", "Config", "Engine", "analyze", "fast_default"]
+
+PLAIN_ENV = "LLMP_ANALYZE_PLAIN"
+"""Set to 1 to read every line the plain way (orjson, dicts): the reference the fast
+path is tested against (docs/analysis.md §12)."""
+
+
+def fast_default() -> bool:
+    """Whether digest lines are read the fast way: unless `LLMP_ANALYZE_PLAIN=1`."""
+    return os.environ.get(PLAIN_ENV, "") in ("", "0")
 
 
 @dataclass
@@ -71,6 +83,7 @@ def analyze(
     summaries: bool | None = None,
     keep: bool = False,
     changes: int | None = None,
+    fast: bool | None = None,
 ) -> Analysis:
     """Read the recordings and analyse every record.
 
@@ -79,6 +92,8 @@ def analyze(
     `summaries=True` keeps the summaries as well (default: `not rows`).
     `keep=True` holds the rows in memory too (for the HTML page), and
     `changes=N` collects the "what changed" diffs of the N largest breaks.
+    `fast=False` reads every line the plain way (default: `fast_default()`); the
+    report is the same either way.
     """
     collected: list[Changes | None] = [None]
 
@@ -108,7 +123,10 @@ def analyze(
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        engine, stats = read_sourced(paths, consume, progress=progress, stdin=stdin, **extra)
+        read = read_record if (fast_default() if fast is None else fast) else parse_line
+        engine, stats = read_sourced(
+            paths, consume, progress=progress, stdin=stdin, read=read, **extra
+        )
     finally:
         if was_enabled:
             gc.enable()

@@ -30,6 +30,7 @@ from llmp.analysis.classify import TURN
 from llmp.analysis.engine import Fed
 from llmp.analysis.exchange import SYSTEM_ROLES, Exchange
 from llmp.analysis.rows import Row
+from llmp.format.fastread import CallRef, Msg
 
 __all__ = ["MAX_CHANGES", "Changes", "broke", "is_break", "prompt_of"]
 
@@ -62,20 +63,25 @@ def _int(value: Any) -> int | None:
     return value if type(value) is int else None
 
 
-def _message(index: int, m: Any, tokens: dict[str, Any] | None) -> dict[str, Any]:
+def _call_name(c: Any) -> Any:
+    """A tool call's name: a parsed dict's (plain path) or a decoded `CallRef`'s."""
+    if isinstance(c, dict):
+        return c.get("name")
+    return c.name if isinstance(c, CallRef) else None
+
+
+def _message(index: int, m: Msg, tokens: dict[str, Any] | None) -> dict[str, Any]:
     """A message digest reduced to what the page shows: no text."""
-    if not isinstance(m, dict):
-        m = {}
-    role = m.get("role")
-    h = m.get("hash")
-    chars = m.get("chars")
-    calls = m.get("tool_calls")
+    role = m.role
+    h = m.hash
+    chars = m.chars
+    calls = m.tool_calls
     names = []
-    if isinstance(calls, list):
+    if isinstance(calls, (list, tuple)):  # parsed (plain path) or decoded (fast path)
         for c in calls:
-            name = c.get("name") if isinstance(c, dict) else None
+            name = _call_name(c)
             names.append(name if isinstance(name, str) else "?")
-    tool = m.get("name") if role == "tool" else None
+    tool = m.name if role == "tool" else None
     tok = tokens.get(h) if tokens is not None and isinstance(h, str) else None
     return {
         "index": index,
@@ -92,13 +98,12 @@ def prompt_of(ex: Exchange) -> dict[str, Any]:
     """A request's messages and tools, as the diffs need them (digests only)."""
     tools = []
     for t in ex.tool_digests:
-        t = t if isinstance(t, dict) else {}
-        name, h = t.get("name"), t.get("hash")
+        name, h, chars = (t.name, t.hash, t.chars) if t is not None else (None, None, None)
         tools.append(
             {
                 "name": name if isinstance(name, str) else "?",
                 "hash": h if isinstance(h, str) else "",
-                "chars": _int(t.get("chars")) or 0,
+                "chars": _int(chars) or 0,
             }
         )
     return {

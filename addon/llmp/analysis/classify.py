@@ -72,7 +72,7 @@ def _works_on_the_history(ex: Exchange, link: Link | None, ref: Conversation) ->
     names = ex.tools.names
     if not names:
         return False
-    before = {t.get("name") for t in last.tool_digests if isinstance(t, dict)}
+    before = {t.name for t in last.tool_digests if t is not None}
     return names < before
 
 

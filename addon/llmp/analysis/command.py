@@ -216,14 +216,14 @@ def _tokenize(paths: list[str], url: str, progress: bool | None) -> int:
 
 
 def _print_json(result: Analysis, header: dict[str, Any]) -> None:
-    from llmp.analysis.report import spilled_rows, write_report
+    from llmp.analysis.report import spilled_blocks, write_report
 
     engine = result.engine
     spill = engine.spill
     assert spill is not None
 
     def write(out: IO[bytes]) -> None:
-        write_report(out, header, spilled_rows(spill, engine.clients.labels()))
+        write_report(out, header, spilled_blocks(spill, engine.clients.labels()))
 
     out = getattr(sys.stdout, "buffer", None)
     if out is not None:

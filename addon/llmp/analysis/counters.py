@@ -8,11 +8,14 @@ source `proxy` (docs/analysis.md §4).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmp.apis import ChatApi
 from llmp.apis.base import CountHints, Counts
 from llmp.format.measure import PROXY
+
+if TYPE_CHECKING:
+    from llmp.analysis.exchange import Exchange
 
 
 @dataclass(slots=True)
@@ -48,4 +51,14 @@ def counts_for(
     """The Counts of one response."""
     c = Counts() if top is None else api.counts(top, hints)
     _proxy_times(c, timing)
+    return c
+
+
+def exchange_counts(ex: Exchange, hints: CountHints) -> Counts:
+    """`counts_for` of an Exchange, the proxy's clock read from it directly (the
+    engine's way: no `Timing` per row)."""
+    top = ex.top
+    c = Counts() if top is None else ex.api.counts(top, hints)
+    if ex.streamed and (c.prefill_ms is None or c.decode_ms is None):
+        _proxy_times(c, Timing(ex.t_start, ex.t_first_byte, ex.t_end, True, ex.t_first_event))
     return c

@@ -14,8 +14,8 @@ from typing import IO, Any
 from llmp.analysis.classify import ONESHOT, SIDE_CALL, STATELESS, SUMMARISE, TURN, classify
 from llmp.analysis.clients import ClientRegistry
 from llmp.analysis.config import Config
-from llmp.analysis.counters import Timing, counts_for
-from llmp.analysis.exchange import Exchange, Skip, Tools, prepare
+from llmp.analysis.counters import exchange_counts
+from llmp.analysis.exchange import Digested, Exchange, Skip, Tools, prepare, prepare_digested
 from llmp.analysis.findings import Findings
 from llmp.analysis.linking import (
     HEAD,
@@ -28,7 +28,14 @@ from llmp.analysis.linking import (
 )
 from llmp.analysis.loss import Between, Structure, between, compare, loss_measured, losses
 from llmp.analysis.reader import ReadStats
-from llmp.analysis.report import Spill, Totals, build_header, spilled_rows, write_report
+from llmp.analysis.report import (
+    Spill,
+    Totals,
+    build_header,
+    spilled_blocks,
+    spilled_rows,
+    write_report,
+)
 from llmp.analysis.rows import Row
 from llmp.apis.base import CountHints, Counts
 from llmp.format.measure import SERVER, weakest
@@ -95,12 +102,22 @@ class Engine:
 
     # -- input ------------------------------------------------------------
 
-    def feed(self, session: int, rec: dict[str, Any]) -> Fed | None:
-        """Analyse one record of `session`: what it became, or None when it is no row."""
-        ex = prepare(rec, self._tools_cache)
+    def feed(self, session: int, rec: dict[str, Any] | Digested) -> Fed | None:
+        """Analyse one record of `session`: what it became, or None when it is no row.
+
+        `rec` is a parsed record (`format.lines.parse_line`), or one the fast path
+        read (`exchange.read_record`); both give the same row.
+        """
+        if type(rec) is Digested:
+            ex = prepare_digested(rec, self._tools_cache)
+            t_start = rec.rec.t_start_ms
+        else:
+            assert isinstance(rec, dict)
+            ex = prepare(rec, self._tools_cache)
+            t_start = rec["t_start_ms"]
         report = self.report
         if report:
-            self.totals.record(rec["t_start_ms"])
+            self.totals.record(t_start)
         s = self.session
         if s is None or s.number != session:
             self.flush()
@@ -121,15 +138,16 @@ class Engine:
                 # the held row goes first.
                 self._emit(self._release())
         if isinstance(ex, Skip):
-            if ex.chat:
+            if ex.chat:  # a chat request that is no row: the plain path's records only
+                assert isinstance(rec, dict)
                 s.skip(rec)
-            refusal = ex.refusal
-            if refusal is not None and refusal.n_prompt is not None:
-                s.refused.append((rec["id"], refusal.model, refusal.n_prompt))
+                refusal = ex.refusal
+                if refusal is not None and refusal.n_prompt is not None:
+                    s.refused.append((rec["id"], refusal.model, refusal.n_prompt))
+                if report and refusal is not None:
+                    self.findings.refused(session, rec["id"], refusal)
             if report:
                 self.totals.skip(ex.reason, ex.path)
-                if ex.refusal is not None:
-                    self.findings.refused(session, rec["id"], ex.refusal)
             return None
         self._made = None
         row, btw = self._row(s, ex)
@@ -193,57 +211,59 @@ class Engine:
         self._emit(fed)
 
     def _row(self, s: Session, ex: Exchange) -> tuple[Row, Between | None]:
+        # The hot path: constructors get positional arguments (keywords cost a
+        # Python call twice as much), lookups are inlined.
         cfg = self.cfg
         n_sys = ex.n_sys
-        same_start = (
-            s.starting_with(ex.ua, ex.served_model, ex.hashes[n_sys])
-            if len(ex.hashes) > n_sys
-            else None
-        )
-        group = None if ex.stored_prompt else s.candidates(ex.ua, ex.served_model)
-        link = find_link(ex, group, same_start, cfg)
-        ref = link.conv if link is not None else s.recent_by_ua.get(ex.ua)
+        hashes = ex.hashes
+        ua, served = ex.ua, ex.served_model
+        same_start = s.by_first.get((ua, served, hashes[n_sys])) if len(hashes) > n_sys else None
+        group = None if ex.stored_prompt else s.by_key.get((ua, served))
+        link = find_link(ex, group, same_start, cfg) if group else None
+        ref = link.conv if link is not None else s.recent_by_ua.get(ua)
         st = compare(ex, link, cfg)
         if link is not None and st.break_cause is not None:
             # A prompt refused for its context on the way here (a harness that cut its
             # prompt after a 400): the server's own count of it measures the new content.
             st.refused_prompt = s.refused_since(link.conv.last.row_id, ex.id, ex.requested_model)
-        kind, shape = classify(ex, link, ref, st.total, cfg)
-        timing = Timing(ex.t_start, ex.t_first_byte, ex.t_end, ex.streamed, ex.t_first_event)
-        known_old = ex.served_model in s.ollama_old
-        hints = CountHints((st.total, st.source), cfg.ollama_evaluated_share, known_old)
-        counts = counts_for(ex.api, ex.top, timing, hints)
+        total = st.total
+        kind, shape = classify(ex, link, ref, total, cfg)
+        known_old = served in s.ollama_old
+        hints = CountHints((total, st.source), cfg.ollama_evaluated_share, known_old)
+        counts = exchange_counts(ex, hints)
         if counts.meaning == "old" and not known_old:
-            s.ollama_old.add(ex.served_model)
-        model = ex.requested_model or ex.served_model
+            s.ollama_old.add(served)
+        model = ex.requested_model or served
+        api_name = ex.api.name
 
         if kind != TURN:
-            family = self.clients.family_for(ex.ua, ex.tools.names)
-            client = self.clients.key(ex.ua, family)
-            if kind == SIDE_CALL and shape == SUMMARISE and ref is not None:
-                ref.summaries.append(ex.out_chars)
-                del ref.summaries[:-4]
-            if kind == SIDE_CALL and ref is not None and ex.out_chars >= REPLY_MIN_CHARS:
-                ref.replies.append(ex.out_chars)
-                del ref.replies[:-4]
+            clients = self.clients
+            client = clients.key(ua, clients.family_for(ua, ex.tools.names))
+            if kind == SIDE_CALL and ref is not None:
+                if shape == SUMMARISE:
+                    ref.summaries.append(ex.out_chars)
+                    del ref.summaries[:-4]
+                if ex.out_chars >= REPLY_MIN_CHARS:
+                    ref.replies.append(ex.out_chars)
+                    del ref.replies[:-4]
             flat = st.unlinked()
             row = Row(
-                id=ex.id,
-                api=ex.api.name,
-                model=model,
-                client=client,
-                t_start_ms=ex.t_start,
-                kind=kind,
-                side_call_shape=shape,
-                session=s.number,
-                conversation=None,
-                turn=None,
-                counts=counts,
-                composition=(flat.system, flat.tools, flat.history, flat.new),
-                loss_measured=loss_measured(counts),
-                served=ex.served_model,
+                ex.id,
+                api_name,
+                model,
+                client,
+                ex.t_start,
+                kind,
+                shape,
+                s.number,
+                None,
+                None,
+                counts,
+                (flat.system, flat.tools, flat.history, flat.new),
             )
-            s.ring.append(RingEntry(ex.id, ex.served_model, kind, None, shape, client, model))
+            row.loss_measured = loss_measured(counts)
+            row.served = served
+            s.ring.append(RingEntry(ex.id, served, kind, None, shape, client, model))
             return row, None
 
         if link is None:
@@ -251,60 +271,56 @@ class Engine:
         state = self._turn_state(ex, st, counts)
         if link is None or link.mode == HEAD:
             self.conversations += 1
-            family = self.clients.family_for(ex.ua, ex.tools.names)
+            family = self.clients.family_for(ua, ex.tools.names)
             conv = Conversation(
-                number=self.conversations,
-                ua=ex.ua,
-                served=ex.served_model,
-                family=family,
-                client=self.clients.key(ex.ua, family),
-                last=state,
-                turns=1,
+                self.conversations, ua, served, family, self.clients.key(ua, family), state
             )
         else:
             conv = link.conv
             conv.turns += 1
-            self.clients.widen(ex.ua, conv.family, ex.tools.names)
+            self.clients.widen(ua, conv.family, ex.tools.names)
 
         btw: Between | None = None
+        linked_to: int | None = None
         if link is not None:
-            btw = between(s, link.conv.last.row_id, ex.served_model, conv.number)
+            linked_to = link.conv.last.row_id
+            btw = between(s, linked_to, served, conv.number)
         verdict = losses(st, counts, btw, cfg)
         row = Row(
-            id=ex.id,
-            api=ex.api.name,
-            model=model,
-            client=conv.client,
-            t_start_ms=ex.t_start,
-            kind=TURN,
-            side_call_shape=None,
-            session=s.number,
-            conversation=conv.number,
-            turn=conv.turns,
-            counts=counts,
-            composition=(st.system, st.tools, st.history, st.new),
-            linked_to=None if link is None else link.conv.last.row_id,
-            new_conversation=st.new_conversation,
-            prefix_tokens=st.prefix,
-            break_cause=st.break_cause,
-            compaction=st.compaction,
-            predicted_reuse=verdict.predicted_reuse,
-            observed_reuse=verdict.observed_reuse,
-            cause=verdict.cause,
-            lost_client=verdict.lost_client,
-            lost_external=verdict.lost_external,
-            side_calls_between=btw.side_calls if btw is not None else [],
-            other_conversations_between=btw.other_conversations if btw is not None else [],
-            other_domains_between=btw.other_domains if btw is not None else [],
-            loss_measured=loss_measured(counts),
-            changed=st.changed or None,
-            served=ex.served_model,
-            volatile=verdict.volatile,
-            volatile_where=st.volatile_where,
+            ex.id,
+            api_name,
+            model,
+            conv.client,
+            ex.t_start,
+            TURN,
+            None,
+            s.number,
+            conv.number,
+            conv.turns,
+            counts,
+            (st.system, st.tools, st.history, st.new),
+            linked_to,
+            st.new_conversation,
+            st.prefix,
+            st.break_cause,
+            st.compaction,
+            verdict.predicted_reuse,
+            verdict.observed_reuse,
+            verdict.cause,
+            verdict.lost_client,
+            verdict.lost_external,
+            btw.side_calls if btw is not None else [],
+            btw.other_conversations if btw is not None else [],
+            btw.other_domains if btw is not None else [],
+            loss_measured(counts),
+            st.changed or None,
+            served,
+            verdict.volatile,
+            st.volatile_where,
         )
         conv.last = state
         s.touch(conv)
-        entry = RingEntry(ex.id, ex.served_model, TURN, conv.number, None, conv.client, model)
+        entry = RingEntry(ex.id, served, TURN, conv.number, None, conv.client, model)
         s.ring.append(entry)
         if link is None:
             self._made = (conv, entry)
@@ -313,25 +329,27 @@ class Engine:
     @staticmethod
     def _turn_state(ex: Exchange, st: Structure, counts: Counts) -> TurnState:
         prompt = counts.prompt_tokens
-        rest_tokens = st.history[0] + st.new[0]
-        rest = ex.hashes[ex.n_sys :]
+        history, new = st.history, st.new
+        n_sys = ex.n_sys
+        rest = ex.hashes[n_sys:]
+        hs, ns = history[1], new[1]
         return TurnState(
-            row_id=ex.id,
-            sys=ex.hashes[: ex.n_sys],
-            tools_hash=ex.tools.hash,
-            rest=rest,
-            rest_hash=hash(rest),
-            rest_tokens=int(rest_tokens),
-            rest_source=weakest(st.history[1], st.new[1]),
-            prompt_server=int(prompt[0]) if prompt is not None and prompt[1] == SERVER else None,
-            requested_model=ex.requested_model,
-            structured=ex.structured,
-            has_tools=bool(ex.tools.names),
-            max_tokens=ex.max_tokens,
-            out_chars=ex.out_chars,
-            msgs=ex.msgs,
-            tool_digests=ex.tool_digests,
-            texts=ex.texts,
+            ex.id,
+            ex.hashes[:n_sys],
+            ex.tools.hash,
+            rest,
+            int(history[0] + new[0]),
+            hs if hs is ns else weakest(hs, ns),
+            int(prompt[0]) if prompt is not None and prompt[1] == SERVER else None,
+            ex.requested_model,
+            ex.structured,
+            bool(ex.tools.names),
+            ex.max_tokens,
+            ex.out_chars,
+            hash(rest),
+            ex.msgs,
+            ex.tool_digests,
+            ex.texts,
         )
 
     # -- output -----------------------------------------------------------
@@ -348,7 +366,7 @@ class Engine:
         """The whole report v1, rows copied from the spill file."""
         header = self.header(stats)
         assert self.spill is not None
-        write_report(out, header, spilled_rows(self.spill, self.clients.labels()))
+        write_report(out, header, spilled_blocks(self.spill, self.clients.labels()))
 
     def row_lines(self) -> list[bytes]:
         """The rows as JSON (for tests and small reports)."""

@@ -10,8 +10,21 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+import orjson
+
 from llmp.analysis.overflow import Refusal, refusal_of
 from llmp.apis import ChatApi, api_for, request_digest_of, response_digest_of, strip_query
+from llmp.format.fastread import (
+    NULL,
+    DigestRecord,
+    Histories,
+    Msg,
+    ToolDef,
+    ToolLists,
+    decode_digest,
+    usage,
+)
+from llmp.format.lines import parse_line
 from llmp.format.measure import ESTIMATE, MV, TOKENIZER, estimate
 
 _HASH = operator.itemgetter("hash")
@@ -84,28 +97,55 @@ def _probe(req: dict[str, Any], api: ChatApi) -> Probe | None:
     return Probe(ua if type(ua) is str and ua else None, names, tuple(sys))
 
 
+def tool_defs(tools: list[Any]) -> list[ToolDef | None]:
+    """A parsed tools digest as `ToolDef`s, the values as they were; None for an
+    entry that is no object (what the fast path decodes, for the plain path)."""
+    return [
+        ToolDef(t.get("name"), t.get("hash"), t.get("chars")) if isinstance(t, dict) else None
+        for t in tools
+    ]
+
+
+def msg_digests(msgs: list[dict[str, Any]]) -> list[Msg]:
+    """Parsed message digests (dicts, each with a `hash`) as `Msg`s, the values as they
+    were: what the fast path decodes, for the plain path."""
+    return [
+        Msg(
+            m.get("role"),
+            m["hash"],
+            m.get("chars"),
+            m.get("head"),
+            m.get("tail"),
+            m.get("tool_calls"),
+            m.get("tool_call_id"),
+            m.get("name"),
+        )
+        for m in msgs
+    ]
+
+
 class Tools:
     """One distinct tools array: names, per-tool sizes, total size."""
 
     __slots__ = ("entries", "hash", "names", "source", "tokens")
 
     def __init__(
-        self, tools: list[Any], tokmap: dict[str, Any] | None, tools_hash: str | None
+        self, tools: list[ToolDef | None], tokmap: dict[str, Any] | None, tools_hash: str | None
     ) -> None:
         self.hash = tools_hash
         entries: list[tuple[str, int, str]] = []
         total = 0
         src = TOKENIZER if tokmap is not None else ESTIMATE
         for t in tools:
-            if not isinstance(t, dict):
+            if t is None:
                 continue
-            name = t.get("name")
-            h = t.get("hash")
+            name = t.name
+            h = t.hash
             n = tokmap.get(h) if tokmap is not None and isinstance(h, str) else None
             if type(n) is int:
                 tok, s = n, TOKENIZER
             else:
-                chars = t.get("chars")
+                chars = t.chars
                 tok, s = estimate(chars if type(chars) is int else 0), ESTIMATE
                 src = ESTIMATE
             entries.append((name if isinstance(name, str) else str(h), tok, s))
@@ -162,12 +202,12 @@ class Exchange:
     ua: str | None
     requested_model: str | None
     served_model: str
-    msgs: list[Any]
+    msgs: list[Msg]
     hashes: tuple[str, ...]
     n_sys: int
     has_model_msgs: bool
     tools: Tools
-    tool_digests: list[Any]
+    tool_digests: list[ToolDef | None]
     structured: bool
     stored_prompt: bool
     """A Responses request with `previous_response_id` (R25): it continues a prompt the
@@ -189,19 +229,16 @@ class Exchange:
     def edges(self, i: int) -> tuple[int, Any, Any]:
         """Message i's size in characters and its head and tail hashes (R5)."""
         m = self.msgs[i]
-        if not isinstance(m, dict):
-            return 0, None, None
-        chars = m.get("chars")
-        return (chars if type(chars) is int else 0), m.get("head"), m.get("tail")
+        chars = m.chars
+        return (chars if type(chars) is int else 0), m.head, m.tail
 
     def msg_tokens(self, i: int) -> tuple[int, bool]:
         """Tokens of message i, and whether they came from the tokenizer."""
-        m = self.msgs[i]
         if self.tokmap is not None:
             n = self.tokmap.get(self.hashes[i])
             if type(n) is int:
                 return n, True
-        chars = m.get("chars") if isinstance(m, dict) else None
+        chars = self.msgs[i].chars
         return estimate(chars if type(chars) is int else 0), False
 
     def range_tokens(self, lo: int, hi: int) -> MV:
@@ -212,7 +249,7 @@ class Exchange:
         if self.tokmap is None:
             total = 0
             for m in self.msgs[lo:hi]:
-                c = m.get("chars")
+                c = m.chars
                 if type(c) is int and c > 0:
                     total += (c + 3) // 4
             return total, ESTIMATE
@@ -247,9 +284,9 @@ class Exchange:
         return total, TOKENIZER
 
 
-def _slow_hashes(msgs: list[Any]) -> tuple[tuple[str, ...], list[Any]]:
+def _slow_hashes(msgs: list[Any]) -> tuple[tuple[str, ...], list[Msg]]:
     """Hashes and messages of a damaged digest, every field made safe to use."""
-    fixed: list[Any] = []
+    fixed: list[Msg] = []
     hashes: list[str] = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
@@ -259,11 +296,7 @@ def _slow_hashes(msgs: list[Any]) -> tuple[tuple[str, ...], list[Any]]:
         chars = m.get("chars")
         hashes.append(h if type(h) is str else f"?{i}")
         fixed.append(
-            {
-                "role": role if type(role) is str else None,
-                "hash": hashes[-1],
-                "chars": chars if type(chars) is int else 0,
-            }
+            Msg(role if type(role) is str else None, hashes[-1], chars if type(chars) is int else 0)
         )
     return tuple(hashes), fixed
 
@@ -295,6 +328,41 @@ def draft_counts(top: dict[str, Any] | None) -> tuple[int | None, int | None]:
     return n, _count(timings, "draft_n_accepted")
 
 
+_APIS: dict[tuple[str, str], ChatApi | None] = {}
+
+
+def chat_api(method: str, path: str) -> ChatApi | None:
+    """`api_for`, remembered: a recording has a handful of distinct (method, path)."""
+    key = (method, path)
+    try:
+        return _APIS[key]
+    except KeyError:
+        if len(_APIS) > 1024:
+            _APIS.clear()
+        api = _APIS[key] = api_for(method, path)
+        return api
+
+
+def _tools_of(
+    tools: list[ToolDef | None],
+    th: Any,
+    tools_tok: dict[str, Any] | None,
+    tools_cache: dict[str, Tools] | None,
+) -> Tools:
+    """The Tools of a request's tools digest (`tools_cache`: see `prepare`)."""
+    if not tools:
+        return EMPTY_TOOLS
+    th = th if isinstance(th, str) else None
+    if tools_tok is None and tools_cache is not None and th is not None:
+        cached = tools_cache.get(th)
+        if cached is None:
+            if len(tools_cache) > 4096:
+                tools_cache.clear()
+            cached = tools_cache[th] = Tools(tools, None, th)
+        return cached
+    return Tools(tools, tools_tok, th)
+
+
 def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) -> Exchange | Skip:
     """The Exchange of a record, or why it is skipped.
 
@@ -308,7 +376,7 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
     path = req.get("path")
     if type(method) is not str or type(path) is not str:
         return Skip(NOT_CHAT, strip_query(path) if isinstance(path, str) else "?")
-    api = api_for(method, path)
+    api = chat_api(method, path)
     if api is None:
         return Skip(NOT_CHAT, strip_query(path))
     resp = rec.get("response")
@@ -360,30 +428,32 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
     ex.served_model = served if type(served) is str and served else requested or "unknown"
     ex.streamed = resp.get("stream") is not None
 
-    msgs = digest.get("messages")
-    if type(msgs) is not list:
-        msgs = []
+    raw_msgs = digest.get("messages")
+    if type(raw_msgs) is not list:
+        raw_msgs = []
+    msgs: list[Msg]
     try:
-        hashes = tuple(map(_HASH, msgs))
+        hashes = tuple(map(_HASH, raw_msgs))
         hash(hashes)  # every element hashable: sets and lookups will work
         n_sys = 0
-        for m in msgs:
+        for m in raw_msgs:
             if m["role"] not in SYSTEM_ROLES:
                 break
             n_sys += 1
         has_model = False
-        for m in msgs:
+        for m in raw_msgs:
             if m["role"] in MODEL_ROLES:
                 has_model = True
                 break
+        msgs = msg_digests(raw_msgs)
     except (TypeError, KeyError):
-        hashes, msgs = _slow_hashes(msgs)
+        hashes, msgs = _slow_hashes(raw_msgs)
         n_sys = 0
-        for m in msgs:
-            if m.get("role") not in SYSTEM_ROLES:
+        for mm in msgs:
+            if mm.role not in SYSTEM_ROLES:
                 break
             n_sys += 1
-        has_model = any(m.get("role") in MODEL_ROLES for m in msgs)
+        has_model = any(mm.role in MODEL_ROLES for mm in msgs)
     ex.msgs = msgs
     ex.hashes = hashes
     ex.n_sys = n_sys
@@ -397,22 +467,10 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
         tt = tokens.get("tools")
         tools_tok = tt if isinstance(tt, dict) else None
     ex.tokmap = tokmap
-    tools = digest.get("tools")
-    ex.tool_digests = tools if isinstance(tools, list) else []
+    raw_tools = digest.get("tools")
+    tools = ex.tool_digests = tool_defs(raw_tools) if isinstance(raw_tools, list) else []
     th = digest.get("tools_hash")
-    if isinstance(tools, list) and tools:
-        th = th if isinstance(th, str) else None
-        if tools_tok is None and tools_cache is not None and th is not None:
-            cached = tools_cache.get(th)
-            if cached is None:
-                if len(tools_cache) > 4096:
-                    tools_cache.clear()
-                cached = tools_cache[th] = Tools(tools, None, th)
-            ex.tools = cached
-        else:
-            ex.tools = Tools(tools, tools_tok, th)
-    else:
-        ex.tools = EMPTY_TOOLS
+    ex.tools = _tools_of(tools, th, tools_tok, tools_cache)
 
     params = digest.get("params")
     params = params if isinstance(params, dict) else {}
@@ -431,6 +489,171 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
             for call in calls:
                 if type(call) is dict and type(name := call.get("name")) is str:
                     names.append(name)
+    else:
+        ex.out_chars = 0
+    ex.out_tool_names = names
+    return ex
+
+
+# -- the fast path: digest records decoded into typed structs (format.fastread) ------
+
+
+class Digested:
+    """A digest record the fast path read (`read_record`), with what `prepare_digested`
+    needs besides it: its chat API (None: not chat), its parsed `usage` and its
+    decoded messages."""
+
+    __slots__ = ("api", "hashes", "msgs", "rec", "tools", "top")
+
+    def __init__(
+        self,
+        rec: DigestRecord,
+        api: ChatApi | None,
+        top: Any,
+        msgs: list[Msg],
+        hashes: tuple[str, ...],
+        tools: list[ToolDef | None],
+    ) -> None:
+        self.rec = rec
+        self.api = api
+        self.top = top
+        self.msgs = msgs
+        self.hashes = hashes
+        self.tools = tools
+
+
+HISTORIES = Histories()
+"""The fast path's message lists, shared by every record it reads."""
+TOOL_LISTS = ToolLists()
+"""The fast path's tools digests, shared likewise."""
+
+
+def read_record(line: bytes | memoryview) -> dict[str, Any] | Digested | None:
+    """A recording line read for the analysis: the fast way when it can, else the plain
+    way (`format.lines.parse_line`); None for a bad line.
+
+    The fast way takes digest records that are no chat request, and chat requests
+    answered with a 2xx, without an error, with a request digest: nearly every line of
+    a digest recording.  The rest (errors, refusals, full bodies, other producers'
+    fields) is rare, and read as before, which keeps one implementation of them.
+    """
+    d = decode_digest(line)
+    if d is None:
+        return parse_line(line)
+    req = d.request
+    api = chat_api(req.method, req.path)
+    resp = d.response
+    digest = req.digest
+    if api is not None:
+        if d.error is not None or resp is None or digest is None:
+            return parse_line(line)
+        status = resp.status
+        if status is None or not 200 <= status < 300:
+            return parse_line(line)
+    msgs: list[Msg] = []
+    hashes: tuple[str, ...] = ()
+    tools: list[ToolDef | None] = []
+    if digest is not None:
+        decoded = HISTORIES.decode(digest.messages)
+        decoded_tools = TOOL_LISTS.decode(digest.tools, digest.tools_hash)
+        if decoded is None or decoded_tools is None:
+            return parse_line(line)
+        msgs, hashes = decoded  # type: ignore[assignment]  # FastMsg is a Msg
+        tools = decoded_tools  # type: ignore[assignment]  # FastTool is a ToolDef
+        digest.messages = digest.tools = NULL  # decoded: no view of the line outlives this
+    top = None
+    if resp is not None and resp.digest is not None:
+        try:
+            top = usage(resp.digest)
+        except orjson.JSONDecodeError:
+            return parse_line(line)  # too deep for orjson: the plain reader says bad line
+        resp.digest.usage = NULL  # parsed: no view of the line outlives this call
+    return Digested(d, api, top, msgs, hashes, tools)
+
+
+def prepare_digested(d: Digested, tools_cache: dict[str, Tools] | None = None) -> Exchange | Skip:
+    """`prepare` for a record the fast path read: the same Exchange from the same values.
+
+    Each step mirrors `prepare`'s, without the checks the typed decode already made
+    (`read_record` sends everything else the plain way).
+    """
+    rec = d.rec
+    req = rec.request
+    api = d.api
+    if api is None:
+        return Skip(NOT_CHAT, strip_query(req.path))
+    resp = rec.response
+    digest = req.digest
+    assert resp is not None and digest is not None  # read_record's conditions
+    rd = resp.digest
+    top = d.top if type(d.top) is dict else None
+    out = rd.output if rd is not None else None
+
+    ex = Exchange()
+    ex._cum = None
+    ex.texts = None
+    ex.id = rec.id
+    ex.api = api
+    t_start = ex.t_start = rec.t_start_ms
+    ex.t_first_byte = rec.t_first_byte_ms
+    ex.t_first_event = rec.t_first_event_ms
+    te = rec.t_end_ms
+    ex.t_end = te if te is not None else t_start
+    headers = req.headers
+    ex.ua = (headers.user_agent or None) if headers is not None else None
+    requested = ex.requested_model = digest.model or None
+    ex.top = top
+    ex.draft_n, ex.draft_n_accepted = draft_counts(top)
+    served = top.get("model") if top is not None else None
+    ex.served_model = served if type(served) is str and served else requested or "unknown"
+    ex.streamed = resp.stream is not None
+
+    msgs = d.msgs
+    hashes = d.hashes
+    n_sys = 0
+    for m in msgs:
+        if m.role not in SYSTEM_ROLES:
+            break
+        n_sys += 1
+    has_model = False
+    for m in msgs:
+        if m.role in MODEL_ROLES:
+            has_model = True
+            break
+    ex.msgs = msgs
+    ex.hashes = hashes
+    ex.n_sys = n_sys
+    ex.has_model_msgs = has_model
+
+    tokens = rec.tokens
+    tokmap = tools_tok = None
+    if tokens is not None:
+        tokmap = tokens.messages
+        tools_tok = tokens.tools
+    ex.tokmap = tokmap
+    tools = d.tools
+    ex.tool_digests = tools
+    ex.tools = _tools_of(tools, digest.tools_hash, tools_tok, tools_cache)
+
+    params = digest.params
+    if params is not None:
+        ex.structured = params.response_format is True or params.grammar is True
+        ex.stored_prompt = params.previous_response is True
+        ex.max_tokens = params.max_tokens
+    else:
+        ex.structured = ex.stored_prompt = False
+        ex.max_tokens = None
+    ex.num_ctx = api.context_limit(None)  # a digest keeps no body
+
+    names: list[str] = []
+    if out is not None:
+        oc = out.content_chars
+        ex.out_chars = oc if oc is not None else 0
+        calls = out.tool_calls
+        if calls:
+            for call in calls:
+                if call.name is not None:
+                    names.append(call.name)
     else:
         ex.out_chars = 0
     ex.out_tool_names = names

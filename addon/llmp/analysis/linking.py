@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from llmp.analysis.config import Config
     from llmp.analysis.exchange import Exchange
+    from llmp.format.fastread import Msg, ToolDef
 
 RECENT = 64  # conversations the rules after a shared start look at
 REPLY_MIN_CHARS = 32  # a side-call reply shorter than this is too common a size to tell
@@ -45,10 +46,10 @@ class TurnState:
     max_tokens: int | None
     out_chars: int
     rest_hash: int = 0  # hash(rest): a continuation check that touches no old strings
-    msgs: list[Any] = field(default_factory=list)
+    msgs: list[Msg] = field(default_factory=list)
     """The message digests as read (kept by reference: no work per message per turn);
     where in a message a later change falls comes from their sizes and edge hashes."""
-    tool_digests: list[Any] = field(default_factory=list)
+    tool_digests: list[ToolDef | None] = field(default_factory=list)
     texts: tuple[str, ...] | None = None
     """Each message's text, in full mode only."""
     _rest_set: frozenset[str] | None = None
@@ -65,23 +66,20 @@ class TurnState:
         """The hashes of its tool definitions (built once, when a change asks)."""
         if self._tool_hashes is None:
             self._tool_hashes = frozenset(
-                h
-                for t in self.tool_digests
-                if isinstance(t, dict) and type(h := t.get("hash")) is str
+                h for t in self.tool_digests if t is not None and type(h := t.hash) is str
             )
         return self._tool_hashes
 
     def edges(self, j: int) -> tuple[int, Any, Any]:
         """Message j's size in characters and its head and tail hashes (R5)."""
-        m = self.msgs[j] if j < len(self.msgs) else None
-        if not isinstance(m, dict):
+        if j >= len(self.msgs):
             return 0, None, None
-        chars = m.get("chars")
-        return (chars if type(chars) is int else 0), m.get("head"), m.get("tail")
+        m = self.msgs[j]
+        chars = m.chars
+        return (chars if type(chars) is int else 0), m.head, m.tail
 
     def role(self, j: int) -> Any:
-        m = self.msgs[j] if j < len(self.msgs) else None
-        return m.get("role") if isinstance(m, dict) else None
+        return self.msgs[j].role if j < len(self.msgs) else None
 
 
 @dataclass(slots=True)
@@ -247,7 +245,7 @@ def carries_reply(ex: Exchange, out_chars: int) -> bool:
     if out_chars <= 0:
         return False
     for m in ex.msgs[ex.n_sys :]:
-        if isinstance(m, dict) and m.get("chars") == out_chars and m.get("role") == "assistant":
+        if m.chars == out_chars and m.role == "assistant":
             return True
     return False
 
@@ -327,8 +325,7 @@ def find_link(
 
     # 4. The first message carries a summary this conversation produced.
     if nrest:
-        m = ex.msgs[ex.n_sys]
-        chars = m.get("chars") if isinstance(m, dict) else None
+        chars = ex.msgs[ex.n_sys].chars
         if type(chars) is int:
             wrap = cfg.summary_wrap_chars
             for c in convs[:16]:

@@ -276,14 +276,12 @@ def _removed(ex: Exchange, st: Structure, last: TurnState, paired: dict[int, int
         kept = paired.get(j)
         removed += e if kept is None else estimate(max(0, chars - kept))
     st.old_msgs, st.removed_msgs = total, removed
-    tools_now = {
-        th for t in ex.tool_digests if isinstance(t, dict) and type(th := t.get("hash")) is str
-    }
+    tools_now = {th for t in ex.tool_digests if t is not None and type(th := t.hash) is str}
     for t in last.tool_digests:
-        size = t.get("chars") if isinstance(t, dict) else None
+        size = t.chars if t is not None else None
         e = estimate(size) if type(size) is int else 0
         st.old_tools += e
-        old_hash = t.get("hash") if isinstance(t, dict) else None
+        old_hash = t.hash if t is not None else None
         if type(old_hash) is str and old_hash not in tools_now:
             st.removed_tools += e
 
@@ -340,9 +338,7 @@ def _old_counterpart(
         return i if i < old_nsys else None
     if i == nsys + k and old_nsys + k < len(last.msgs):
         j = old_nsys + k
-        m = ex.msgs[i]
-        role = m.get("role") if isinstance(m, dict) else None
-        return j if role == last.role(j) else None
+        return j if ex.msgs[i].role == last.role(j) else None
     return None
 
 
@@ -363,8 +359,7 @@ def _where_changed(ex: Exchange, i: int, last: TurnState, j: int) -> dict[str, A
         within = LAST_256
     else:
         within = BETWEEN
-    m = ex.msgs[i]
-    role = m.get("role") if isinstance(m, dict) else None
+    role = ex.msgs[i].role
     out: dict[str, Any] = {
         "index": i,
         "role": role if isinstance(role, str) else None,
@@ -401,19 +396,17 @@ def _new_tools_tokens(ex: Exchange, last: TurnState) -> int:
     """Tokens of the tools no earlier request of the conversation had."""
     total = 0
     for t in ex.tool_digests:
-        h = t.get("hash") if isinstance(t, dict) else None
+        if t is None:
+            continue
+        h = t.hash
         if type(h) is not str or h in last.tool_hashes:
             continue
-        chars = t.get("chars")
+        chars = t.chars
         total += estimate(chars if type(chars) is int else 0)
     if not total:
         return 0
     # In the tools block's own units (tokenizer counts where it has them).
-    block = sum(
-        estimate(c)
-        for t in ex.tool_digests
-        if isinstance(t, dict) and type(c := t.get("chars")) is int
-    )
+    block = sum(estimate(c) for t in ex.tool_digests if t is not None and type(c := t.chars) is int)
     return round(int(ex.tools.tokens) * total / block) if block else total
 
 
@@ -436,7 +429,7 @@ def _resends_a_side_reply(ex: Exchange, index: int, conv: Conversation) -> bool:
     if not conv.replies:
         return False
     for m in ex.msgs[index:]:
-        if isinstance(m, dict) and m.get("role") == "assistant" and m.get("chars") in conv.replies:
+        if m.role == "assistant" and m.chars in conv.replies:
             return True
     return False
 
@@ -444,8 +437,7 @@ def _resends_a_side_reply(ex: Exchange, index: int, conv: Conversation) -> bool:
 def _carries_summary(ex: Exchange, index: int, conv: Conversation, cfg: Config) -> bool:
     if index >= len(ex.msgs) or not conv.summaries:
         return False
-    m = ex.msgs[index]
-    chars = m.get("chars") if isinstance(m, dict) else None
+    chars = ex.msgs[index].chars
     if type(chars) is not int:
         return False
     return any(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import mmap
 import os
 import shutil
 import sys
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from llmp.format.lines import key_and_record, line_key, parse_line, with_number_text
+from llmp.format.lines import KEY_RE, key_and_record, line_key, parse_line, with_number_text
 
 __all__ = [
     "NeedsExactOrder",
@@ -34,10 +35,50 @@ __all__ = [
 WINDOW_LINES = 20_000
 WINDOW_BYTES = 64 << 20
 _PROGRESS_STEP = 1 << 20
+_UNMAP_STEP = 4 << 20
+"""Bytes of a mapped file read before its pages are dropped from the process."""
 
 
-Sourced = tuple[int, dict[str, Any], int]
-"""`(session, record, file)`: `file` indexes the paths as given (R17 reads them as one)."""
+def _file_lines(f: IO[bytes]) -> Iterator[bytes | memoryview]:
+    """The lines of a file as its iteration gives them (each with its `\n`), mapped.
+
+    A line is a view of the mapped file: no read into a buffer and copy out
+    of it, which costs more than decoding a digest line.  The pages already
+    read are dropped from the process every few MiB (MADV_DONTNEED: they stay
+    in the page cache, and a view still held reads them again), so the mapping
+    adds at most that much to the resident memory, whatever the file's size.
+    What follows the last `\n` of the mapped size (a line being written, lines
+    appended since the file was opened) is read as before.  A file that cannot
+    be mapped (empty, not a regular file) is only iterated.  The map is not
+    closed here: it goes when the last view of it does.
+    """
+    try:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # empty, or not mappable
+        mapped = None
+    if mapped is not None:
+        view = memoryview(mapped)
+        find = mapped.find
+        drop = getattr(mmap, "MADV_DONTNEED", None)
+        pos = dropped = 0
+        while (end := find(b"\n", pos)) >= 0:
+            end += 1
+            yield view[pos:end]
+            pos = end
+            if pos - dropped >= _UNMAP_STEP and drop is not None:
+                upto = pos - pos % mmap.PAGESIZE
+                mapped.madvise(drop, dropped, upto - dropped)
+                dropped = upto
+        f.seek(pos)
+    yield from f
+
+
+Sourced = tuple[int, Any, int]
+"""`(session, record, file)`: `file` indexes the paths as given (R17 reads them as one).
+
+The record is what the reader's `read` made of the line: a parsed dict by default
+(`format.lines.parse_line`); the analysis reads digest lines its fast way
+(`exchange.read_record`)."""
 
 
 class NeedsExactOrder(Exception):
@@ -125,6 +166,9 @@ class Recording:
     window_lines: int = WINDOW_LINES
     window_bytes: int = WINDOW_BYTES
     stdin: IO[bytes] | None = None
+    read: Callable[[bytes | memoryview], Any] = parse_line
+    """How a line becomes a record (None: a bad line); lines parsed already to find
+    their sort key (another producer's key order) stay parsed dicts."""
     stats: ReadStats = field(default_factory=ReadStats)
     _inputs: list[_Input] = field(default_factory=list)
     _spool: str | None = None
@@ -199,35 +243,52 @@ class Recording:
         last_key: tuple[int, int] | None = None
         last_id: int | None = None
         session = 0
+        key: tuple[int, int] | None
+        match = KEY_RE.match
+        read = self.read
+        stats = self.stats
         for fi, inp in self._ordered_inputs():
             with open(inp.path, "rb") as f:
-                for line in f:
+                for line in _file_lines(f):
                     bar.advance(len(line))
-                    if line[:1] != b"{" and _blank(line):
-                        continue
-                    key, parsed = key_and_record(line)
-                    if key is None:
-                        self.stats.bad_lines += 1
-                        continue
+                    m = match(line)
+                    if m is not None:  # the recorder's way: the key without a parse
+                        v, rid_text, t_text = m.groups()
+                        if v != b"1":
+                            stats.bad_lines += 1
+                            continue
+                        key = (int(t_text), int(rid_text))
+                        parsed = None
+                    else:
+                        line = bytes(line)
+                        if line[:1] != b"{" and _blank(line):
+                            continue
+                        key, parsed = key_and_record(line)
+                        if key is None:
+                            stats.bad_lines += 1
+                            continue
                     if last_key is not None and key < last_key:
                         raise NeedsExactOrder
                     rid = key[1]
                     if not heap and (rid == 1 or (last_id is not None and rid == last_id + 1)):
                         # The usual case: the next record, in order; no need to wait.
                         if parsed is not None:
-                            self.stats.records += 1
-                            rec: dict[str, Any] | None = with_number_text(parsed, line)
+                            rec: Any = with_number_text(parsed, line)
                         else:
-                            rec = self._release(line)
-                        if rec is not None:
-                            if last_id is None or rid <= last_id:
-                                session += 1
-                            last_key, last_id = key, rid
-                            yield session, rec, fi
+                            rec = read(line)
+                        if rec is None:
+                            stats.bad_lines += 1
+                            continue
+                        stats.records += 1
+                        if last_id is None or rid <= last_id:
+                            session += 1
+                        last_key, last_id = key, rid
+                        yield session, rec, fi
                         continue
                     seq += 1
-                    heapq.heappush(heap, (key[0], rid, seq, line, fi))
-                    held += len(line)
+                    raw = bytes(line)  # held: not a view of the map
+                    heapq.heappush(heap, (key[0], rid, seq, raw, fi))
+                    held += len(raw)
                     while heap:
                         rid = heap[0][1]
                         if not (
@@ -257,8 +318,8 @@ class Recording:
             yield session, rec, src
         self.stats.sessions = session
 
-    def _release(self, raw: bytes) -> dict[str, Any] | None:
-        rec = parse_line(raw)
+    def _release(self, raw: bytes) -> Any:
+        rec = self.read(raw)
         if rec is None:
             self.stats.bad_lines += 1
         else:
@@ -339,14 +400,21 @@ def read_sourced(
     stdin: IO[bytes] | None = None,
     window_lines: int = WINDOW_LINES,
     window_bytes: int = WINDOW_BYTES,
+    read: Callable[[bytes | memoryview], Any] = parse_line,
 ) -> tuple[Any, ReadStats]:
     """`read_all`, each record with the index in `paths` of the file it came from.
 
     A session can span files (R17 joins them by id), so the file is the
     record's, not the session's: `--rows` names it in its `recording` column.
+    `read` is how a line becomes a record (`Recording.read`).
     """
     with Recording(
-        paths, progress=progress, stdin=stdin, window_lines=window_lines, window_bytes=window_bytes
+        paths,
+        progress=progress,
+        stdin=stdin,
+        window_lines=window_lines,
+        window_bytes=window_bytes,
+        read=read,
     ) as rec:
         try:
             result = consume(rec.stream_sourced())

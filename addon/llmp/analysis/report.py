@@ -19,7 +19,7 @@ from llmp.analysis.classify import TURN
 from llmp.analysis.exchange import SKIP_REASONS, Exchange, Tools
 from llmp.analysis.findings import ToolStats
 from llmp.analysis.overflow import CONTEXT_OVERFLOW
-from llmp.analysis.rows import LossByCause, Row, join_spilled
+from llmp.analysis.rows import Labels, LossByCause, Row, join_block, join_spilled
 from llmp.apis.base import FIELDS
 from llmp.format.measure import MV, SERVER, Sum, as_json
 
@@ -32,20 +32,49 @@ REPORT_VERSION = 1
 class Spill:
     """Finished rows, serialised, in a temporary file."""
 
+    BATCH = 512
+    """Rows gathered before a write: a row is ~1 KB, and a write per row costs more
+    than a list append and a join per batch."""
+
     def __init__(self) -> None:
-        self._file: IO[bytes] = tempfile.TemporaryFile(prefix="llmp-rows-")
+        self._file: IO[bytes] = tempfile.TemporaryFile(prefix="llmp-rows-", buffering=0)
+        self._batch: list[bytes] = []
         self.count = 0
 
     def write(self, row: Row) -> None:
-        self._file.write(row.spill_line())
+        batch = self._batch
+        batch.append(row.spill_line())
         self.count += 1
+        if len(batch) >= self.BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._batch:
+            self._file.write(b"".join(self._batch))
+            self._batch = []
 
     def lines(self) -> Iterator[bytes]:
-        self._file.flush()
-        self._file.seek(0)
-        yield from self._file
+        """The spilled lines, one by one (JSON text holds no raw line break)."""
+        for block in self.blocks():
+            yield from block.splitlines(keepends=True)
+
+    def blocks(self, size: int = 1 << 20) -> Iterator[bytes]:
+        """The spilled lines, about `size` bytes of whole lines at a time."""
+        self._flush()
+        f = self._file
+        f.seek(0)
+        rest = b""
+        while chunk := f.read(size):
+            chunk = rest + chunk if rest else chunk
+            cut = chunk.rfind(b"\n") + 1
+            rest = chunk[cut:]
+            if cut:
+                yield chunk[:cut]
+        if rest:
+            yield rest
 
     def close(self) -> None:
+        self._batch = []
         self._file.close()
 
 
@@ -73,6 +102,9 @@ class _Client:
     conversations: int = 0
     tools: dict[str, None] = field(default_factory=dict)
     first_id: int = 0
+    last_tools: Tools | None = None
+    """The tools array whose names were added last: a harness resends the same one
+    (the same cached object) on every request, and adding it again changes nothing."""
 
 
 class Totals:
@@ -137,7 +169,8 @@ class Totals:
                 entry[3] = ex.t_start
                 entry[4].add(session)
             cl = self.clients.get(client)
-            if cl is not None:
+            if cl is not None and cl.last_tools is not tools:
+                cl.last_tools = tools
                 for name, _, _ in tools.entries:
                     if name not in cl.tools:
                         cl.tools[name] = None
@@ -380,10 +413,18 @@ def write_report(out: IO[bytes], header: dict[str, Any], rows: Iterator[bytes]) 
 
 
 def spilled_rows(spill: Spill, labels: list[str]) -> Iterator[bytes]:
-    """The spilled rows with their final client labels."""
+    """The spilled rows with their final client labels, one by one."""
     encoded = [orjson.dumps(label) for label in labels]
     for line in spill.lines():
         yield join_spilled(line, encoded)
+
+
+def spilled_blocks(spill: Spill, labels: list[str]) -> Iterator[bytes]:
+    """The spilled rows with their final client labels, comma-separated, a block at a
+    time: for `write_report`, which puts a comma between the items it is given."""
+    encoded = Labels([orjson.dumps(label) for label in labels])
+    for block in spill.blocks():
+        yield join_block(block, encoded)[:-1]
 
 
 __all__ = [
@@ -393,6 +434,7 @@ __all__ = [
     "Totals",
     "build_header",
     "speculative",
+    "spilled_blocks",
     "spilled_rows",
     "write_report",
 ]

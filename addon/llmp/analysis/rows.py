@@ -1,8 +1,12 @@
 """The per-request row of the report, and how it is written.
 
 A row is final when it is made; only its client label is not (a second tool
-family may appear later), so it is serialised in two halves around the
-`client` field and the label is put in when the report is written.
+family may appear later), so it is serialised with a marker where the label
+goes: its client key and what `--rows` adds to the report's fields, between
+two NUL bytes.  The labels are put in when the report is written
+(`join_block`: a split and a join per block of rows, a dict lookup per row).
+JSON text never holds a raw control character, so the markers cannot clash
+with a row's own bytes.
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ class Row:
     def tail(self) -> dict[str, Any]:
         c = self.counts
         comp = self.composition
+        # Loss.as_json and measure.as_json inlined: this runs for every row.
         return {
             "t_start_ms": self.t_start_ms,
             "kind": self.kind,
@@ -124,8 +129,20 @@ class Row:
             "predicted_reuse": self.predicted_reuse,
             "observed_reuse": self.observed_reuse,
             "cause": self.cause,
-            "lost_client": None if self.lost_client is None else self.lost_client.as_json(),
-            "lost_external": None if self.lost_external is None else self.lost_external.as_json(),
+            "lost_client": None
+            if (lc := self.lost_client) is None
+            else {
+                "cause": lc.cause,
+                "tokens": lc.tokens,
+                "ms": None if (m := lc.ms) is None else {"value": m[0], "source": m[1]},
+            },
+            "lost_external": None
+            if (le := self.lost_external) is None
+            else {
+                "cause": le.cause,
+                "tokens": le.tokens,
+                "ms": None if (m := le.ms) is None else {"value": m[0], "source": m[1]},
+            },
             "side_calls_between": self.side_calls_between,
             "other_conversations_between": self.other_conversations_between,
             "other_domains_between": self.other_domains_between,
@@ -134,8 +151,11 @@ class Row:
         }
 
     def spill_line(self) -> bytes:
-        """`<client>\\t<extra>\\t<head without "}">\\t<tail without "{">\\n`: JSON has no
-        raw tabs.  `extra` (`spill_extra`) is what `--rows` adds to the report's fields."""
+        """`{"id":…,"api":…,"model":…,"client":\\0<marker>\\0,<the rest>}\\n`.
+
+        The marker is `<client key>,<recording>,<draft_n>,<draft_n_accepted>`: the key
+        of the label that goes there, and what `--rows` adds to the report's fields
+        (`spill_extra`)."""
         key = (self.api, self.model)
         mid = _HEADS.get(key)
         if mid is None:
@@ -143,13 +163,13 @@ class Row:
                 _HEADS.clear()
             mid = _HEADS[key] = orjson.dumps({"api": self.api, "model": self.model})[1:-1]
         dn, da = self.draft_n, self.draft_n_accepted
-        return b'%d\t%d,%s,%s\t{"id":%d,%s\t%s\n' % (
+        return b'{"id":%d,%s,"client":\0%d,%d,%s,%s\0,%s\n' % (
+            self.id,
+            mid,
             self.client,
             self.recording,
             b"" if dn is None else b"%d" % dn,
             b"" if da is None else b"%d" % da,
-            self.id,
-            mid,
             orjson.dumps(self.tail())[1:],
         )
 
@@ -204,16 +224,46 @@ class LossByCause:
 
 
 def join_spilled(line: bytes, labels: list[bytes]) -> bytes:
-    """A spilled row with its client label put back."""
-    key, _, head, tail = line.rstrip(b"\n").split(b"\t", 3)
-    return head + b',"client":' + labels[int(key)] + b"," + tail
+    """A spilled row with its client label put back (`labels`: JSON strings by key)."""
+    head, marker, tail = line.rstrip(b"\n").split(b"\0")
+    return head + labels[int(marker.partition(b",")[0])] + tail
+
+
+class Labels(dict[bytes, bytes]):
+    """Spill markers to the JSON of their client's label (`join_block`): most rows of
+    a recording share a handful of markers."""
+
+    def __init__(self, labels: list[bytes]) -> None:
+        super().__init__()
+        self.labels = labels
+
+    def __missing__(self, marker: bytes) -> bytes:
+        label = self[marker] = self.labels[int(marker.partition(b",")[0])]
+        return label
+
+
+def join_block(block: bytes, labels: Labels) -> bytes:
+    """Whole spilled lines as the report writes them: each row with its client label,
+    the rows separated by commas (the block's last row has one after it too)."""
+    parts = block.replace(b"\n", b",").split(b"\0")
+    parts[1::2] = map(labels.__getitem__, parts[1::2])
+    return b"".join(parts)
 
 
 def spill_extra(line: bytes) -> tuple[int, int | None, int | None]:
     """A spilled row's recording index, `draft_n` and `draft_n_accepted` (not in the report)."""
-    extra = line.split(b"\t", 2)[1]
-    rec, dn, da = extra.split(b",")
+    _, rec, dn, da = line.split(b"\0", 2)[1].split(b",")
     return int(rec), int(dn) if dn else None, int(da) if da else None
 
 
-__all__ = ["COMPOSITION", "CauseTotal", "Loss", "LossByCause", "Row", "join_spilled", "spill_extra"]
+__all__ = [
+    "COMPOSITION",
+    "CauseTotal",
+    "Labels",
+    "Loss",
+    "LossByCause",
+    "Row",
+    "join_block",
+    "join_spilled",
+    "spill_extra",
+]

@@ -14,10 +14,11 @@ import orjson
 
 from llmp.format import canonical
 
-__all__ = ["key_and_record", "line_key", "parse_line", "valid_key", "with_number_text"]
+__all__ = ["KEY_RE", "key_and_record", "line_key", "parse_line", "valid_key", "with_number_text"]
 
-# How the recorder starts every line; anything else takes the slow path.
-_KEY_RE = re.compile(rb'\{"v":(\d+),"id":(\d+),"conn":-?\d+,"t_start_ms":(-?\d+)[,}]')
+KEY_RE = re.compile(rb'\{"v":(\d+),"id":(\d+),"conn":-?\d+,"t_start_ms":(-?\d+)[,}]')
+"""How the recorder starts every line: `v`, `id` and `t_start_ms` without a parse.
+Anything else takes the slow path (`key_and_record`)."""
 
 
 def line_key(line: bytes) -> tuple[int, int] | None:
@@ -32,7 +33,7 @@ def key_and_record(line: bytes) -> tuple[tuple[int, int] | None, dict[str, Any] 
     producer's lines are parsed once here, and the record is kept so that a
     line released at once is not parsed twice.
     """
-    m = _KEY_RE.match(line)
+    m = KEY_RE.match(line)
     if m is not None:
         if m.group(1) != b"1":
             return None, None
@@ -54,7 +55,7 @@ def valid_key(rec: Any) -> tuple[int, int] | None:
     return None
 
 
-def parse_line(line: bytes) -> dict[str, Any] | None:
+def parse_line(line: bytes | memoryview) -> dict[str, Any] | None:
     """Parse one recording line; None when it is a bad line.
 
     Lines with a full request body are parsed a second time keeping number
@@ -69,7 +70,7 @@ def parse_line(line: bytes) -> dict[str, Any] | None:
     return with_number_text(rec, line)
 
 
-def with_number_text(rec: dict[str, Any], line: bytes) -> dict[str, Any]:
+def with_number_text(rec: dict[str, Any], line: bytes | memoryview) -> dict[str, Any]:
     """The record again with number text kept, when it carries a full body."""
     req = rec.get("request")
     if isinstance(req, dict) and req.get("body") is not None:

@@ -1,0 +1,336 @@
+"""A digest record decoded straight into typed structs: the analyzer's fast path.
+
+`format.lines.parse_line` builds a dict for every field of a line, and the
+analysis then reads a handful of them.  On a digest recording most of a
+line is message digests, and most of the cost of reading it is making
+(and later freeing) a dict, eight keys and four strings per message.
+`decode_digest(line)` decodes the same line with msgspec into the structs
+below, which name only what the record holds, and builds nothing else.
+
+It is a fast path, not a second reader: it accepts a line only when the
+plain reader (`parse_line`, orjson) would read the same values from it, and
+says None otherwise, so the caller reads that line the plain way.  That
+makes the structs strict where orjson is lenient:
+
+* every field the recorder writes is declared with its type, and any other
+  field refuses the line (`forbid_unknown_fields`).  So nothing in an
+  accepted line is skipped unseen, and its nesting is bounded by the
+  structs: orjson refuses lines nested more than 1024 deep, msgspec does
+  not, and no accepted line comes near;
+* integers must fit in 64 bits: beyond that orjson gives a float where
+  msgspec gives an int, and the analysis treats the two differently;
+* the response digest's `usage` (every top-level field of the server's
+  reply, R: response digest) is kept as raw JSON and parsed by orjson, at
+  the depth it has in the line (`usage()`), so it is exactly the plain
+  reader's dict;
+* a record with a full body (`request.body` or `response.body` not null)
+  is refused: full records keep number text (R2) and go the plain way.
+
+Which accepted records the analysis may take this way (chat or not, 2xx,
+no error) is the analysis's choice (`llmp.analysis.exchange.fast_ok`).
+`Msg` and `ToolDef` are also what the plain path turns its dicts into, so
+both paths hand the engine the same objects.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+import orjson
+
+__all__ = [
+    "NULL",
+    "CallRef",
+    "DigestRecord",
+    "FastMsg",
+    "FastTool",
+    "Histories",
+    "Msg",
+    "ToolDef",
+    "ToolLists",
+    "decode_digest",
+    "usage",
+]
+
+Int = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
+"""An integer orjson also reads as an int (it turns larger ones into floats)."""
+
+
+class Msg(msgspec.Struct, gc=False):
+    """One message digest (R4, R5) as the analysis keeps it.
+
+    The plain path fills it from a parsed dict with the values as they were
+    (any JSON value: the analysis checks each one where it uses it); the fast
+    path decodes `FastMsg`, the same struct with the types checked.
+    """
+
+    role: Any
+    hash: Any
+    chars: Any = None
+    head: Any = None
+    tail: Any = None
+    tool_calls: Any = None
+    tool_call_id: Any = None
+    name: Any = None
+
+
+class ToolDef(msgspec.Struct, gc=False):
+    """One tool definition's digest: `name`, `hash`, `chars` of its canonical JSON."""
+
+    name: Any = None
+    hash: Any = None
+    chars: Any = None
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """A struct that refuses fields it does not name (see the module's docstring)."""
+
+
+class CallRef(_Strict):
+    """`{id, name}` of a tool call, in a message digest or a reply."""
+
+    id: str | None = None
+    name: str | None = None
+
+
+class FastMsg(Msg, forbid_unknown_fields=True):
+    role: str
+    hash: str
+    chars: Int | None = None
+    head: str | None = None
+    tail: str | None = None
+    tool_calls: tuple[CallRef, ...] | None = None
+    """A tuple: the empty one is shared, most messages call no tool."""
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class FastTool(ToolDef, forbid_unknown_fields=True):
+    name: str | None = None
+    hash: str | None = None
+    chars: Int | None = None
+
+
+class Params(_Strict):
+    max_tokens: Int | None = None
+    response_format: bool | None = None
+    grammar: bool | None = None
+    stream: bool | None = None
+    previous_response: bool | None = None
+
+
+NULL = msgspec.Raw(b"null")
+
+
+class RequestDigest(_Strict):
+    model: str | None = None
+    params: Params | None = None
+    messages: msgspec.Raw = NULL
+    """Raw JSON: `Histories.decode` makes it a list of `FastMsg`s."""
+    tools: msgspec.Raw = NULL
+    """Raw JSON: `ToolLists.decode` makes it a list of `FastTool`s."""
+    tools_hash: str | None = None
+
+
+class Output(_Strict):
+    content_chars: Int | None = None
+    reasoning_chars: Int | None = None
+    tool_calls: list[CallRef] | None = None
+
+
+class ResponseDigest(_Strict):
+    usage: msgspec.Raw = NULL
+    """Raw JSON: `usage()` parses it."""
+    output: Output | None = None
+
+
+class Headers(
+    _Strict,
+    rename={
+        "user_agent": "user-agent",
+        "content_type": "content-type",
+        "content_length": "content-length",
+        "transfer_encoding": "transfer-encoding",
+    },
+):
+    """The four headers a record keeps (spec: Request, `headers`)."""
+
+    user_agent: str | None = None
+    content_type: str | None = None
+    content_length: str | None = None
+    transfer_encoding: str | None = None
+
+
+class Request(_Strict):
+    method: str
+    path: str
+    headers: Headers | None = None
+    body_bytes: int | None = None
+    body: None = None
+    body_text: str | None = None
+    digest: RequestDigest | None = None
+
+
+class Response(_Strict):
+    status: Int | None = None
+    headers: Headers | None = None
+    stream: str | None = None
+    chunks: int | None = None
+    bad_chunks: int | None = None
+    body_bytes: int | None = None
+    truncated: bool | None = None
+    body: None = None
+    body_text: str | None = None
+    digest: ResponseDigest | None = None
+
+
+class Tokens(_Strict):
+    messages: dict[str, Int] | None = None
+    tools: dict[str, Int] | None = None
+
+
+class DigestRecord(_Strict):
+    """A recording line without a full body, decoded (spec: Record)."""
+
+    v: int
+    id: Int
+    t_start_ms: Int
+    request: Request
+    conn: int | None = None
+    t_first_byte_ms: Int | None = None
+    t_first_event_ms: Int | None = None
+    t_end_ms: Int | None = None
+    response: Response | None = None
+    error: str | None = None
+    tokens: Tokens | None = None
+
+
+_decode = msgspec.json.Decoder(DigestRecord).decode
+_decode_msgs = msgspec.json.Decoder(list[FastMsg] | None).decode
+_decode_tools = msgspec.json.Decoder(list[FastTool] | None).decode
+_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+
+KEY_BYTES = 320
+"""How much of a messages array names its conversation in `Histories`: the first
+message digest (~200 bytes) and the start of the second, with its hash."""
+
+
+class Histories:
+    """Message lists decoded once: a request's history is its conversation's last
+    request's, byte for byte, and then some.
+
+    A conversation resends its whole history on every turn, so the JSON text of a
+    request's `messages` begins with the text of the previous request's, less its
+    closing bracket.  That takes one comparison of the two texts to see; the
+    messages it covers are then the previous request's structs, and only those
+    after it are decoded.  The text is exact (equal bytes decode to equal values,
+    and the analysis never changes a message), and most requests decode two or
+    three messages instead of dozens, and free as few.
+
+    The previous request is found by the start of the text (`KEY_BYTES`: the system
+    message and the first user message begin there); a miss only costs a whole
+    decode.  At most `size` lists are remembered, the least recently used dropped.
+    """
+
+    def __init__(self, size: int = 512) -> None:
+        self.size = size
+        self._last: dict[bytes, tuple[memoryview, list[FastMsg], tuple[str, ...]]] = {}
+
+    def decode(self, raw: msgspec.Raw) -> tuple[list[FastMsg], tuple[str, ...]] | None:
+        """The messages (none for a JSON null) and their hashes, or None when the text
+        is not a list of message digests as `FastMsg` reads them (read the line the
+        plain way).  The hashes are kept with the list: a request's are its previous
+        request's and a few more."""
+        text = bytes(raw)
+        key = text[:KEY_BYTES]
+        last = self._last.pop(key, None)
+        msgs: list[FastMsg] | None = None
+        if last is not None and text.startswith(last[0]):
+            stem, prev, hashes = last
+            rest = text[len(stem) :]
+            if rest == b"]":
+                msgs = prev
+            elif rest[:1] == b",":
+                try:
+                    more = _decode_msgs(b"[" + rest[1:])
+                except _ERRORS:
+                    more = None  # decode it whole: only that says whether it reads
+                if more is not None:
+                    msgs = prev + more
+                    hashes += tuple([m.hash for m in more])
+        if msgs is None:
+            try:
+                msgs = _decode_msgs(text)
+            except _ERRORS:
+                return None
+            if msgs is None:
+                return [], ()
+            hashes = tuple([m.hash for m in msgs])
+        self._last[key] = (memoryview(text)[:-1], msgs, hashes)
+        if len(self._last) > self.size:
+            del self._last[next(iter(self._last))]
+        return msgs, hashes
+
+
+class ToolLists:
+    """Tools digests decoded once: a harness resends the same tools array, byte for
+    byte, on every request, and its `tools_hash` names it.
+
+    The text is compared whole, so a reused list is exactly what decoding would
+    give; the analysis never changes one.  At most `size` are remembered.
+    """
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._known: dict[str | None, tuple[bytes, list[FastTool]]] = {}
+
+    def decode(self, raw: msgspec.Raw, tools_hash: str | None) -> list[FastTool] | None:
+        """The tools (an empty list for a JSON null), or None when the text is not a
+        list of tool digests as `FastTool` reads them (read the line the plain way)."""
+        text = bytes(raw)
+        known = self._known.get(tools_hash)
+        if known is not None and known[0] == text:
+            return known[1]
+        try:
+            tools = _decode_tools(text)
+        except _ERRORS:
+            return None
+        if tools is None:
+            return []
+        if len(self._known) >= self.size:
+            self._known.clear()
+        self._known[tools_hash] = (text, tools)
+        return tools
+
+
+def decode_digest(line: bytes | memoryview) -> DigestRecord | None:
+    """The line as a `DigestRecord`, or None: read it the plain way (`parse_line`).
+
+    None also for a line that is no record at all (`v` not 1, not JSON): the
+    plain reader decides what counts as a bad line.
+    """
+    try:
+        rec = _decode(line)
+    except _ERRORS:
+        return None
+    return rec if rec.v == 1 else None
+
+
+def usage(digest: ResponseDigest) -> Any:
+    """The response digest's `usage`, parsed as the plain reader parses it.
+
+    Wrapped in the three levels that hold it in a line (record, response,
+    digest), so that orjson's nesting limit applies to it as it does to the
+    whole line (a text shorter than twice that limit cannot reach it).  Raises
+    orjson.JSONDecodeError where the plain reader would have refused the line.
+    """
+    raw = digest.usage
+    if len(memoryview(raw)) < _SHALLOW:
+        return orjson.loads(memoryview(raw))
+    return orjson.loads(b"".join((b"[[[", raw, b"]]]")))[0][0][0]
+
+
+_SHALLOW = 2000
+"""Bytes below which a JSON text cannot nest as deep as orjson's limit (1024 levels
+take 2048 brackets)."""

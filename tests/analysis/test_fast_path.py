@@ -1,0 +1,207 @@
+"""The fast path (digest lines decoded into typed structs) gives the plain path's report.
+
+`analyze(..., fast=False)` (or `LLMP_ANALYZE_PLAIN=1`) reads every line the plain way:
+orjson into dicts, number text kept for full bodies (R2).  The fast path must make the
+same report of every recording, byte for byte, and the same readable report, rows and
+"what changed" diffs; lines it cannot read exactly as the plain path does go the plain
+way (`exchange.read_record`).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+import random
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llmp.analysis import PLAIN_ENV, analyze, fast_default
+from llmp.analysis.changes import MAX_CHANGES
+from llmp.analysis.command import explain
+from llmp.analysis.exchange import Digested, read_record
+from llmp.format.canonical import record_dumps
+from tests.support import overflow_scenarios as osc
+from tests.support import scenarios as sc
+
+# Every traffic the scenarios build: the shared ones, the Anthropic and Responses
+# ones (R21-R29), and those with skipped records, refusals and cut prompts.
+TRAFFIC: dict[str, Callable[[], sc.Traffic]] = {
+    **sc.SCENARIOS,
+    "outage_retries": sc.outage_retries,
+    "claude_code_session": sc.claude_code_session,
+    "claude_code_system_edit": sc.claude_code_system_edit,
+    "codex_session": sc.codex_session,
+    "codex_plain": lambda: sc.codex_session(stream=False),
+    "codex_stateful": sc.codex_stateful,
+    "both_agents": sc.both_agents,
+    "ollama_truncating": osc.ollama_truncating,
+    "llama_refusing": lambda: osc.llama_refusing()[0],
+}
+MODES = ("digest", "full", "mixed")
+
+
+def report_bytes(paths: list[Path], fast: bool) -> bytes:
+    """`llmp analyze --json` of the paths, as bytes."""
+    result = analyze([str(p) for p in paths], progress=False, fast=fast)
+    try:
+        out = io.BytesIO()
+        result.write_json(out)
+        return out.getvalue()
+    finally:
+        result.close()
+
+
+def page_parts(paths: list[Path], fast: bool) -> tuple[Any, ...]:
+    """What `--html` draws: the header, the kept rows and the "what changed" diffs."""
+    result = analyze(
+        [str(p) for p in paths],
+        progress=False,
+        rows=False,
+        keep=True,
+        changes=MAX_CHANGES,
+        fast=fast,
+    )
+    try:
+        return result.header(), result.rows(), result.change_list()
+    finally:
+        result.close()
+
+
+def readable(paths: list[Path], monkeypatch: pytest.MonkeyPatch, fast: bool) -> str:
+    """The readable report (`explain` reads the switch from the environment)."""
+    monkeypatch.setenv(PLAIN_ENV, "0" if fast else "1")
+    assert fast_default() is fast
+    out = io.StringIO()
+    explain([str(p) for p in paths], out=out)
+    return out.getvalue()
+
+
+def fast_lines(path: Path) -> int:
+    """How many lines of a file the fast path takes."""
+    return sum(isinstance(read_record(line), Digested) for line in path.read_bytes().splitlines())
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", sorted(TRAFFIC))
+def test_fast_path_gives_the_plain_report(name: str, mode: str, tmp_path: Path) -> None:
+    path = TRAFFIC[name]().write(tmp_path / "rec.jsonl", mode)
+    taken = fast_lines(path)
+    lines = len(path.read_bytes().splitlines())
+    if mode == "full":
+        assert taken == sum(b'"body":null' in line for line in path.read_bytes().splitlines())
+    elif mode == "digest":
+        assert taken >= lines // 2  # every line, bar errors and refusals
+    else:
+        assert taken > 0
+    assert report_bytes([path], fast=True) == report_bytes([path], fast=False)
+    assert page_parts([path], fast=True) == page_parts([path], fast=False)
+
+
+def test_readable_report_is_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = sc.both_agents().write(tmp_path / "rec.jsonl", "mixed")
+    fast = readable([path], monkeypatch, True)
+    assert fast == readable([path], monkeypatch, False)
+    assert "claude-cli" in fast
+
+
+def test_several_files_and_sessions(tmp_path: Path) -> None:
+    """Two proxies' files, out of order, with bad lines, and a session per restart."""
+    paths = [
+        sc.mixed_file(tmp_path),
+        sc.two_harnesses().write(tmp_path / "b.jsonl", "digest"),
+        sc.compaction().write(tmp_path / "c.jsonl", "mixed"),
+    ]
+    assert report_bytes(paths, fast=True) == report_bytes(paths, fast=False)
+
+
+# -- damaged lines: the fast path refuses what it cannot read as the plain path does --
+
+BASE = [orjson.loads(line) for line in sc.title_side_call().lines("digest", "id")]
+BASE += [orjson.loads(line) for line in sc.claude_code_session().lines("digest", "id")]
+
+VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([2**63, 2**64 - 1, -(2**63), 2**64, 0, -1, 1, 200, 400]),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=6),
+    st.sampled_from(["", "system", "assistant", "tool", "POST", "/v1/chat/completions"]),
+    st.lists(st.integers(0, 3), max_size=2),
+    st.dictionaries(st.sampled_from(["hash", "name", "role", "chars", "x"]), st.integers(0, 9)),
+)
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+def _damage(rec: dict[str, Any], rnd: random.Random, new: Any) -> None:
+    """Replace, add or remove one value somewhere in the record."""
+    path = rnd.choice([p for p in _paths(rec) if p])
+    parent: Any = rec
+    for key in path[:-1]:
+        parent = parent[key]
+    how = rnd.random()
+    if isinstance(parent, dict) and how < 0.15:
+        del parent[path[-1]]
+    elif isinstance(parent, dict) and how < 0.3:
+        parent["extra"] = new
+    else:
+        parent[path[-1]] = new
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.randoms(use_true_random=False), st.lists(VALUES, min_size=1, max_size=5))
+def test_damaged_lines_read_alike(rnd: random.Random, values: list[Any]) -> None:
+    recs = copy.deepcopy(BASE)
+    for new in values:
+        _damage(recs[rnd.randrange(len(recs))], rnd, new)
+    # json, not orjson: it writes integers past 64 bits (orjson reads them as floats)
+    lines = [json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in recs]
+    fd, name = tempfile.mkstemp(prefix="llmp-fast-", suffix=".jsonl")
+    path = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(b"".join(lines))
+        assert report_bytes([path], fast=True) == report_bytes([path], fast=False)
+    finally:
+        path.unlink()
+
+
+@pytest.mark.parametrize("levels", [1, 1019, 1020, 1021, 1022, 1030])
+@pytest.mark.parametrize("where", ["usage", "headers", "extra"])
+def test_nesting_at_orjson_limit(levels: int, where: str, tmp_path: Path) -> None:
+    """orjson refuses a line nested deeper than 1024, msgspec does not: a line nested
+    near that depth is read (or called a bad line) alike."""
+    deep = b"[" * levels + b"1" + b"]" * levels
+    lines = []
+    for line in sc.clean_chat().lines("digest", "id"):
+        rec = orjson.loads(line)
+        digest = (rec["response"] or {}).get("digest")
+        if where == "usage" and digest is not None:
+            digest["usage"]["deep"] = "DEEP"
+        elif where == "headers":
+            rec["request"]["headers"]["x-deep"] = "DEEP"
+        else:
+            rec["deep"] = "DEEP"
+        lines.append(record_dumps(rec).replace(b'"DEEP"', deep) + b"\n")
+    path = tmp_path / "deep.jsonl"
+    path.write_bytes(b"".join(lines))
+    assert report_bytes([path], fast=True) == report_bytes([path], fast=False)
