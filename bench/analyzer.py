@@ -29,8 +29,8 @@ What it does (issue 3, "Benchmark"; the reading is in ``docs/performance.md``):
    time and peak RSS come from ``os.wait4`` in a small launcher process (that
    child only); its RSS is also polled from ``/proc`` to show how it evolves.
 4. Prints the figures side by side and the verdict for both targets: speed
-   (analyze at >= 0.5x the bare parse's speed, best CPU time of the repeats)
-   and memory (peak RSS does not grow with the file).
+   (issue 14: analyze at >= 0.6x the bare parse's speed to land, 1.0x the goal,
+   best CPU time of the repeats) and memory (peak RSS does not grow with the file).
 """
 
 from __future__ import annotations
@@ -1226,21 +1226,27 @@ def table(files: list[tuple[float, Path, int]], results: Results, repeat: int) -
         print(f"  {mb(fpath.stat().st_size):>9}: " + " ".join(f"{kb / 1024:4.0f}" for kb in curve))
 
 
+SPEED_FLOOR = 0.6
+"""Issue 14: the speed ratio to land; `SPEED_GOAL` is the one aimed at."""
+SPEED_GOAL = 1.0
+
+
 def verdicts(
     files: list[tuple[float, Path, int]], results: Results, empty_rss_kb: int
 ) -> dict[str, Any]:
-    """Print and return the verdict for both targets of issue 3."""
+    """Print and return the verdict for both targets (speed: issue 14; memory: issue 3)."""
     full = results[1.0]
     path = files[-1][1]
     pc, ac = best(full["parse"], "cpu"), best(full["analyze"], "cpu")
     pw, aw = best(full["parse"], "wall"), best(full["analyze"], "wall")
     ratio = pc / ac
-    speed_ok = ratio >= 0.5
+    speed_ok = ratio >= SPEED_FLOOR
     print()
     print(
-        f"target 1, analyze at >= 0.5x the bare parse's speed: {ratio:.2f}x by CPU time "
-        f"({pw / aw:.2f}x by wall time) on {mb(path.stat().st_size)} -> "
-        f"{'MET' if speed_ok else 'MISSED'}"
+        f"target 1, analyze at >= {SPEED_FLOOR}x the bare parse's speed (goal {SPEED_GOAL}x): "
+        f"{ratio:.2f}x by CPU time ({pw / aw:.2f}x by wall time) on "
+        f"{mb(path.stat().st_size)} -> {'MET' if speed_ok else 'MISSED'}"
+        f"{', goal met' if ratio >= SPEED_GOAL else ''}"
     )
     # Memory: the peak above what an empty run needs (the imports), per size.
     # If it were proportional to the file, it would grow by the file's ratio

@@ -677,10 +677,10 @@ def losses(st: Structure, counts: Counts, btw: Between | None, cfg: Config) -> V
         return v
 
     factor: float | None = None
-    unit_src = st.source
+    source = unit_src = st.source
     if prompt is not None and prompt[0] > 0 and total > 0:
         factor = prompt[0] / total
-        unit_src = weakest(prompt[1], st.source)
+        unit_src = weakest(prompt[1], source)
     scaled = True
     if st.exact_prefix is not None and prompt is not None and prompt[1] == SERVER:
         p_srv: float = min(st.exact_prefix, prompt[0])
@@ -689,7 +689,7 @@ def losses(st: Structure, counts: Counts, btw: Between | None, cfg: Config) -> V
     elif factor is not None:
         p_srv, p_src = st.prefix * factor, unit_src
     else:
-        p_srv, p_src = float(st.prefix), st.source
+        p_srv, p_src = float(st.prefix), source
     if prompt is not None and prompt[0] > 0:
         v.predicted_reuse = round(min(1.0, p_srv / prompt[0]), 4)
     elif total > 0:
@@ -705,7 +705,7 @@ def losses(st: Structure, counts: Counts, btw: Between | None, cfg: Config) -> V
     if r_known and reused is not None:
         deficit = p_srv - reused[0]
         threshold: float = tol
-        if scaled and st.source == ESTIMATE:
+        if scaled and source == ESTIMATE:
             threshold += cfg.estimate_margin * p_srv
         why = btw.would_cause if btw is not None else None
         if charged and st.tools_differ and why is None:

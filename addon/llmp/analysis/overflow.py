@@ -250,7 +250,9 @@ class Overflow:
         self.served_by[row.model] = served
         a, b, c, d = row.composition
         sent = a[0] + b[0] + c[0] + d[0]
-        src = weakest(a[1], b[1], c[1], d[1])
+        src = a[1]
+        if not (src is b[1] is c[1] is d[1]):  # one source throughout: the usual case
+            src = weakest(src, b[1], c[1], d[1])
         if sent > self.largest_ok.get(served, -1.0):
             self.largest_ok[served] = sent
         if self.pending:

@@ -186,16 +186,17 @@ class Totals:
         if cl is None:
             cl = self.clients[row.client] = _Client(first_id=row.id)
         cl.requests += 1
-        reported = self.servers.get(row.api)
-        if reported is None:
-            reported = self.servers[row.api] = set()
-            self._unseen[row.api] = list(FIELDS)
-        unseen = self._unseen[row.api]
-        if unseen:
+        unseen = self._unseen.get(row.api)
+        if unseen is None:
+            self.servers[row.api] = set()
+            unseen = self._unseen[row.api] = list(FIELDS)
+        if unseen:  # empty once the server has reported every field
+            reported = self.servers[row.api]
             for f in [f for f in unseen if (v := getattr(c, f)) is not None and v[1] == SERVER]:
                 reported.add(f)
                 unseen.remove(f)
-        self.prefill.add(c.prefill_ms)
+        if c.prefill_ms is not None:
+            self.prefill.add(c.prefill_ms)
         comp, total = row.composition, self.composition
         total[0] += comp[0][0]
         total[1] += comp[1][0]
@@ -219,7 +220,8 @@ class Totals:
             self.side_calls += 1
         else:
             self.stateless += 1
-        self.losses.add(row)
+        if row.lost_client is not None or row.lost_external is not None:
+            self.losses.add(row)
         if row.draft_n is not None:
             spec = self.speculative.get(row.served)
             if spec is None:
