@@ -90,14 +90,14 @@ def test_write_failure_leaves_no_partial_line_and_says_so(
     rf2 = RecordingFile(str(path))
     writer2 = RecordWriter(rf2, "digest")
     rf = rf2
-    w.os.write = flaky  # type: ignore[assignment]
+    w.os.write = flaky
     try:
         writer2.submit(_cap(2))
         writer2.submit(_cap(3))
         writer2.submit(_cap(4))
         writer2.close()
     finally:
-        w.os.write = real_write  # type: ignore[assignment]
+        w.os.write = real_write
     data = path.read_bytes()
     assert data.endswith(b"\n")
     ids = [orjson.loads(line)["id"] for line in data.splitlines()]

@@ -22,7 +22,7 @@ from mitmproxy.proxy import server_hooks
 
 from llmp.live import contract as llmp_live
 from llmp.recorder import options as llmp_options
-from llmp.recorder.capture import Capture, keep_headers, now_ms
+from llmp.recorder.capture import Capture, now_ms, stream_tap
 from llmp.recorder.errors import classify_error
 from llmp.recorder.rotate import DailyFile
 from llmp.recorder.writer import LiveSpec, RecordingError, RecordingFile, RecordWriter
@@ -33,23 +33,7 @@ READY = "llmp: recording to"
 _STATE = "llmp"  # key in flow.metadata
 _RESERVED = "llmp_reserved"  # flow.metadata key of a request for a /_llmp/ path
 _JSON = {"content-type": "application/json", "cache-control": "no-store"}
-
-
-class StreamTap:
-    """The per-flow stream callable: notes each piece and returns it unchanged."""
-
-    __slots__ = ("cap", "limit")
-
-    def __init__(self, cap: Capture, limit: int) -> None:
-        self.cap = cap
-        self.limit = limit
-
-    def __call__(self, data: bytes) -> bytes:
-        try:
-            self.cap.add_piece(data, self.limit)
-        except Exception:  # the client gets every byte, whatever happens here
-            pass
-        return data
+_RESERVED_PREFIX = llmp_live.RESERVED_PREFIX.encode()  # matched against the raw path
 
 
 class Recorder:
@@ -235,21 +219,23 @@ class Recorder:
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         req = flow.request
-        if req.path.startswith(llmp_live.RESERVED_PREFIX):
+        data = req.data
+        if data.path.startswith(_RESERVED_PREFIX):
             # Ours: answered in `request`, so it takes no id and makes no record.
             flow.metadata[_RESERVED] = True
             return
         if self.writer is None or self._finished:
             return
         self._last_id += 1
+        # References only (the fields are an immutable tuple): the builder decodes
+        # and filters them (`Capture.settle`), off the client's path.
         cap = Capture(
             id=self._last_id,
             conn=self._conns.get(flow.client_conn.id, 0),
-            t_start_ms=int(req.timestamp_start * 1000),
-            method=req.method,
-            path=req.path,
-            request_headers=keep_headers(list(req.headers.items(multi=True))),
-            request_encoding=req.headers.get("content-encoding"),
+            t_start_ms=int(data.timestamp_start * 1000),
+            raw_method=data.method,
+            raw_path=data.path,
+            request_fields=data.headers.fields,
         )
         flow.metadata[_STATE] = cap
         self._inflight[cap.id] = cap
@@ -309,10 +295,9 @@ class Recorder:
         if cap is None or resp is None or self.settings is None:
             return
         cap.status = resp.status_code
-        cap.response_headers = keep_headers(list(resp.headers.items(multi=True)))
-        cap.response_encoding = resp.headers.get("content-encoding")
+        cap.response_fields = resp.headers.fields  # filtered by the builder, like the request's
         # Stream every body through: never buffered, never held back (R7).
-        resp.stream = StreamTap(cap, self.settings.limit)
+        resp.stream = stream_tap(cap, self.settings.limit)
 
     def response(self, flow: http.HTTPFlow) -> None:
         cap = flow.metadata.get(_STATE)

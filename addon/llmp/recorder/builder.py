@@ -4,24 +4,38 @@ Parsing, merging and hashing a 300 KB exchange holds the GIL for
 milliseconds, and the live view's analysis takes tens of microseconds per
 record; on the writer thread that time is taken from mitmproxy's event loop,
 and chunks of other streams wait (measured in `bench/recorder.py`). A child
-process does that work instead; the writer thread only pickles the capture,
-waits for the line, writes it, and passes on what the child logged.
+process does that work instead.  The writer thread only hands over what the
+proxy already holds, waits for the line, writes it, and passes on what the
+child logged.
 
-Protocol, over the child's stdin and stdout. A request is an 8-byte
-little-endian length, then a pickle of a tuple whose first item names it:
+Protocol, over the child's stdin and stdout.  A request is a prefix
+(`REQUEST`: the length of what follows it on the pipe, the length of its
+head, and how many bytes it left in the shared body file), a head, then raw
+buffers.  The head is a pickle of a tuple whose first item names the
+request:
 
-- `("build", mode, Capture, sizes)`: the record's JSON line (newline
-  included).  The response pieces come joined into one, and `sizes` (or
-  None) cuts them back.  When a live view runs, the child also feeds it that
-  line, read back as `llmp analyze` reads it, before it answers;
+- `("build", mode, state, body_size, sizes)`: the record's JSON line
+  (newline included).  `state` is the capture's fields without its bodies;
+  the buffers are the request body (`body_size` bytes, when `body_size` is
+  not None), then the response pieces, `sizes` giving each one's length.
+  They are written straight from the bytes objects mitmproxy holds, so the
+  proxy's process neither joins nor pickles a body: with `os.pwritev` into
+  the shared body file (a `memfd` the child maps; its pages are reused from
+  one exchange to the next) or, without one, with `os.writev` on the pipe
+  after the head.  The child cuts them back into a `Capture`
+  (`read_capture`), and answers only once it has, so the file is free again
+  by the time the answer arrives.  When a live view runs, the child also
+  feeds it that line, read back as `llmp analyze` reads it, before it
+  answers;
 - `("live", LiveConfig, body, first_id)`: start the live view, or replace
   the running one; an empty answer, or the `LiveError` text;
 - `("live_off",)`: stop the live view (its summary line and `LLMP_SUMMARY`).
 
-Every answer is one frame (8-byte length, bytes).  The child writes its own
-log lines (the live view's per-request lines, its errors) itself, to a copy
-of the proxy's stdout or to `llmp_live_log` (`llmp.live.sink`): nothing
-of the live view passes back through the proxy's process.
+Every answer is one frame (`FRAME`: an 8-byte length, then the bytes).  The
+child writes its own log lines (the live view's per-request lines, its
+errors) itself, to a copy of the proxy's stdout or to `llmp_live_log`
+(`llmp.live.sink`): nothing of the live view passes back through the proxy's
+process.
 
 `GET /_llmp/summary` and `GET /_llmp/metrics` must not wait for records
 being built, so they have a channel of their own: a socket pair, served by a
@@ -36,7 +50,7 @@ it never outlives the recorder.
 
 from __future__ import annotations
 
-import dataclasses
+import fcntl
 import logging
 import os
 import pickle
@@ -45,14 +59,16 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from llmp.live.contract import LiveConfig, LiveError
 from llmp.recorder.capture import Capture
 
 log = logging.getLogger("llmp")
 
+REQUEST = struct.Struct("<QIQ")
 FRAME = struct.Struct("<Q")
 ASK_SUMMARY = b"?"
 ASK_METRICS = b"m"
@@ -61,17 +77,207 @@ METRICS_TOTALS = struct.Struct("<QQ")
 BUILD = "build"
 LIVE = "live"
 LIVE_OFF = "live_off"
+FRAME_READ = 1 << 16  # the first read of an answer
+PIPE_BYTES = 1 << 20
+"""The pipes' capacity, asked of Linux: an answer, or a body without the
+shared file, goes over in one write."""
+SHARED_KEEP = 4 << 20
+"""The shared body file shrinks back to this after a larger exchange."""
+try:
+    IOV_MAX = max(16, os.sysconf("SC_IOV_MAX"))
+except (AttributeError, ValueError, OSError):
+    IOV_MAX = 1024
 
 
 class BuilderGone(Exception):
     """The child process is not there to answer; build in-thread instead."""
 
 
-def read_exact(stream: IO[bytes], size: int) -> bytes:
-    data = stream.read(size)
-    if data is None or len(data) != size:
-        raise EOFError
+def write_buffers(fd: int, buffers: Sequence[bytes | memoryview]) -> None:
+    """Write the buffers in order, from where they lie: `os.writev`, `IOV_MAX` at a time.
+
+    No joining copy; a short write (a signal, a full pipe) goes on from where it stopped.
+    """
+    pending = list(buffers)
+    start = 0
+    while start < len(pending):
+        batch = pending[start : start + IOV_MAX]
+        written = os.writev(fd, batch)
+        for buf in batch:
+            size = len(buf)
+            if written < size:
+                pending[start] = memoryview(buf)[written:]
+                break
+            written -= size
+            start += 1
+
+
+def pwrite_buffers(fd: int, buffers: Sequence[bytes | memoryview], offset: int = 0) -> None:
+    """`write_buffers` into a file at `offset`, with `os.pwritev` (the GIL is released)."""
+    pending = list(buffers)
+    start = 0
+    while start < len(pending):
+        batch = pending[start : start + IOV_MAX]
+        written = os.pwritev(fd, batch, offset)
+        if not written and any(batch):
+            raise OSError("no progress writing the shared body file")
+        offset += written
+        for buf in batch:
+            size = len(buf)
+            if written < size:
+                pending[start] = memoryview(buf)[written:]
+                break
+            written -= size
+            start += 1
+
+
+def read_into(fd: int, view: memoryview) -> None:
+    """Fill `view` from `fd`; EOFError if it ends first."""
+    got, size = 0, len(view)
+    while got < size:
+        n = os.readv(fd, [view[got:]])
+        if not n:
+            raise EOFError
+        got += n
+
+
+def read_exact(fd: int, size: int) -> bytearray:
+    """`size` bytes from `fd`; EOFError if it ends first."""
+    data = bytearray(size)
+    read_into(fd, memoryview(data))
     return data
+
+
+def read_frame(fd: int) -> bytes:
+    """One answer frame's bytes.
+
+    One read takes a digest-mode line whole (the child wrote the frame in one
+    write): each system call is a turn the writer thread then waits for the
+    GIL, while the event loop holds it.
+    """
+    chunk = os.read(fd, FRAME_READ)
+    while len(chunk) < FRAME.size:
+        more = os.read(fd, FRAME_READ)
+        if not more:
+            raise EOFError
+        chunk += more
+    (size,) = FRAME.unpack_from(chunk)
+    end = FRAME.size + size
+    if len(chunk) > end:
+        raise ValueError("more bytes than the frame holds")
+    parts = [chunk[FRAME.size :]]
+    got = len(chunk) - FRAME.size
+    while got < size:
+        more = os.read(fd, size - got)
+        if not more:
+            raise EOFError
+        parts.append(more)
+        got += len(more)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def request_head(head: tuple[Any, ...]) -> bytes:
+    """The pickled head of a request."""
+    return pickle.dumps(head, protocol=5)
+
+
+def request_buffers(
+    head: bytes, buffers: Sequence[bytes] = (), size: int = 0, shared: bool = False
+) -> list[bytes]:
+    """A request as the buffers to write on the pipe.
+
+    `buffers` (`size` bytes in all) follow the head on the pipe, or, when
+    `shared`, are already in the shared body file, from its start.
+    """
+    if shared:
+        return [REQUEST.pack(len(head), len(head), size), head]
+    return [REQUEST.pack(len(head) + size, len(head), 0), head, *buffers]
+
+
+def capture_request(cap: Capture, mode: str) -> tuple[bytes, list[bytes], int]:
+    """The build request for `cap`: its fields pickled; its bodies by reference, and their size.
+
+    The pieces are taken once, with their times: at shutdown the event loop
+    may still be adding to them (a time is always added before its piece).
+    """
+    pieces = cap.pieces[:]
+    state = cap.__dict__.copy()
+    body = state["request_body"]
+    state["request_body"] = None
+    state["pieces"] = None
+    state["times"] = cap.times[: len(pieces)]
+    sizes = [len(p) for p in pieces]
+    size = sum(sizes)
+    if body is None:
+        return request_head((BUILD, mode, state, None, sizes)), pieces, size
+    pieces.insert(0, body)
+    return request_head((BUILD, mode, state, len(body), sizes)), pieces, size + len(body)
+
+
+class SharedView:
+    """The child's mapping of the shared body file, made larger when a request needs it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._map: Any = None  # mmap.mmap; imported in the child only
+        self._size = 0
+
+    def view(self, size: int) -> memoryview:
+        """The file's first `size` bytes (the caller releases the view before the next call)."""
+        if size > self._size:
+            import mmap
+
+            if self._map is not None:
+                self._map.close()
+            self._size = max(size, os.fstat(self.fd).st_size)
+            self._map = mmap.mmap(self.fd, self._size, prot=mmap.PROT_READ)
+        return memoryview(self._map)[:size]
+
+
+def read_request(fd: int, shared: SharedView | None = None) -> tuple[tuple[Any, ...], memoryview]:
+    """The next request: its head, and a view of its buffers; EOFError at the end."""
+    prefix = read_exact(fd, REQUEST.size)
+    total, head_size, shared_size = REQUEST.unpack(prefix)
+    payload = memoryview(read_exact(fd, total))
+    head = pickle.loads(payload[:head_size])
+    if shared_size:
+        if shared is None:
+            raise ValueError("a request in a shared body file this child has not got")
+        return head, shared.view(shared_size)
+    return head, payload[head_size:]
+
+
+def read_capture(head: tuple[Any, ...], data: memoryview) -> tuple[Capture, str]:
+    """The capture of a build request, its bodies cut back out of `data`; and the mode."""
+    _, mode, state, body_size, sizes = head
+    cap = Capture.__new__(Capture)
+    cap.__dict__.update(state)
+    at = 0
+    if body_size is not None:
+        cap.request_body = bytes(data[:body_size])
+        at = body_size
+    pieces: list[bytes] = []
+    for size in sizes:
+        pieces.append(bytes(data[at : at + size]))
+        at += size
+    cap.pieces = pieces
+    return cap, mode
+
+
+def _grow_pipe(fd: int) -> None:
+    """Ask for `PIPE_BYTES` of pipe (Linux); without it, the writes take more turns."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    except (AttributeError, OSError):
+        pass
+
+
+def _shared_file() -> int:
+    """A new shared body file (Linux `memfd`), or -1: the bodies then go by the pipe."""
+    try:
+        return os.memfd_create("llmp-bodies", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return -1
 
 
 def recv_exact(sock: socket.socket, size: int) -> bytes:
@@ -101,17 +307,22 @@ class ChildBuilder:
             term = os.dup(terminal)
         except OSError:
             term = -1  # no terminal: the child's lines go nowhere (a log file still works)
-        fds = (theirs.fileno(), term) if term >= 0 else (theirs.fileno(),)
+        self._shared = _shared_file()
+        self._shared_size = 0
+        fds = tuple(fd for fd in (theirs.fileno(), term, self._shared) if fd >= 0)
+        argv = [str(theirs.fileno()), str(term), str(self._shared)]
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "llmp.recorder.child", str(theirs.fileno()), str(term)],
+                [sys.executable, "-m", "llmp.recorder.child", *argv],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
+                bufsize=0,  # raw pipes: the writer thread writes and reads them itself
                 env=env,
                 pass_fds=fds,
             )
         except OSError as exc:
             ours.close()
+            self._close_shared()
             raise BuilderGone(str(exc)) from None
         finally:
             theirs.close()
@@ -119,39 +330,64 @@ class ChildBuilder:
                 os.close(term)
         self._summaries: socket.socket | None = ours
         self._summary_lock = threading.Lock()
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._to_child = self.proc.stdin.fileno()
+        self._from_child = self.proc.stdout.fileno()
+        _grow_pipe(self._to_child)
+        _grow_pipe(self._from_child)
 
-    def _call(self, request: tuple[Any, ...]) -> bytes:
-        """Send one request; return the answer."""
-        data = pickle.dumps(request, protocol=5)
-        stdin, stdout = self.proc.stdin, self.proc.stdout
-        assert stdin is not None and stdout is not None
+    def _call(self, head: bytes, buffers: Sequence[bytes] = (), size: int = 0) -> bytes:
+        """Send one request (a pickled head, then raw buffers of `size` bytes); return the answer.
+
+        Every write and read releases the GIL: the kernel copies the bodies
+        while the event loop runs.
+        """
         try:
-            stdin.write(FRAME.pack(len(data)))
-            stdin.write(data)
-            stdin.flush()
-            (size,) = FRAME.unpack(read_exact(stdout, FRAME.size))
-            answer = read_exact(stdout, size)
+            shared = bool(buffers) and self._share(buffers, size)
+            write_buffers(self._to_child, request_buffers(head, buffers, size, shared))
+            answer = read_frame(self._from_child)
         except (OSError, EOFError, ValueError) as exc:
             self.close()
             raise BuilderGone(f"record builder process ended ({exc or 'EOF'})") from None
+        if self._shared_size > SHARED_KEEP:  # a large exchange: give the memory back
+            try:
+                self._resize_shared(SHARED_KEEP)
+            except OSError:
+                pass
         return answer
+
+    def _share(self, buffers: Sequence[bytes], size: int) -> bool:
+        """Put the buffers in the shared body file; False if there is none, or it is full."""
+        if self._shared < 0:
+            return False
+        try:
+            if size > self._shared_size:
+                self._resize_shared(max(size, SHARED_KEEP))
+            pwrite_buffers(self._shared, buffers)
+        except OSError as exc:  # e.g. no memory for it: the pipe still works
+            log.debug("llmp: bodies through the pipe (%s)", exc)
+            return False
+        return True
+
+    def _resize_shared(self, size: int) -> None:
+        os.ftruncate(self._shared, size)
+        self._shared_size = size
+
+    def _close_shared(self) -> None:
+        if self._shared >= 0:
+            os.close(self._shared)
+            self._shared = -1
 
     def build(self, cap: Capture, mode: str) -> bytes:
         """Send the capture, return the line; `BuilderGone` if the child died."""
-        sizes: list[int] | None = None
-        if len(cap.pieces) > 1:
-            # One bytes object pickles far faster than many small ones; the
-            # sizes let the child cut it back into the pieces their times belong to.
-            sizes = [len(p) for p in cap.pieces]
-            cap = dataclasses.replace(cap, pieces=[b"".join(cap.pieces)])
-        return self._call((BUILD, mode, cap, sizes))
+        return self._call(*capture_request(cap, mode))
 
     def live(self, cfg: LiveConfig | None, body: str, first_id: int) -> None:
         """Start, replace (`cfg`) or stop (None) the child's live view; `LiveError` if it can't."""
         if cfg is None:
-            self._call((LIVE_OFF,))
+            self._call(request_head((LIVE_OFF,)))
             return
-        error = self._call((LIVE, cfg, body, first_id))
+        error = self._call(request_head((LIVE, cfg, body, first_id)))
         if error:
             raise LiveError(error.decode())
 
@@ -201,3 +437,4 @@ class ChildBuilder:
             if self._summaries is not None:
                 self._summaries.close()
                 self._summaries = None
+        self._close_shared()

@@ -1,7 +1,7 @@
 """The builder child: builds each record, and runs the live view on it.
 
 Started by `llmp.recorder.builder.ChildBuilder` as `python -m
-llmp.recorder.child SUMMARY_FD TERMINAL_FD`; the protocol is described
+llmp.recorder.child SUMMARY_FD TERMINAL_FD SHARED_FD`; the protocol is described
 there.  Everything heavy (parsing, merging, hashing, the analysis engine)
 is imported here, in the child, and never in the proxy's own process.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import signal
 import socket
 import sys
@@ -29,12 +28,27 @@ from llmp.recorder.builder import (
     LIVE,
     LIVE_OFF,
     METRICS_TOTALS,
-    read_exact,
+    SharedView,
+    read_capture,
+    read_request,
     recv_exact,
+    write_buffers,
 )
 from llmp.recorder.record import build_line
 
 log = logging.getLogger("llmp")
+
+NICE = 19
+"""The child's niceness: the lowest priority there is.
+
+The proxy's event loop, the client and the model server all come first.
+Building a record takes milliseconds of CPU per exchange (the parse, merge
+and hash of 300 KB and 300 events: about as much CPU as mitmproxy spends
+relaying them), and at nice 5 that time was taken from them whenever the
+machine had no idle core: on 2 cores, 8 saturated streams lost a quarter of
+their events/s.  At nice 19 the child runs in the time the others leave; when
+they leave none for long, records (and the live view's lines) wait, queued
+in order, and are written once there is (`docs/performance.md`)."""
 
 
 def feed(view: LiveView, line: bytes, mode: str) -> None:
@@ -65,17 +79,6 @@ def replace_view(
     return None if cfg is None else LiveView(cfg, body=body, first_id=first_id, say=say)
 
 
-def _cut(joined: bytes, sizes: list[int]) -> list[bytes]:
-    """The pieces `ChildBuilder.build` joined, cut back by their sizes."""
-    view = memoryview(joined)
-    out: list[bytes] = []
-    at = 0
-    for size in sizes:
-        out.append(bytes(view[at : at + size]))
-        at += size
-    return out
-
-
 class _Child:
     """The child's state: the live view, if one runs, and the proxy's terminal."""
 
@@ -84,12 +87,11 @@ class _Child:
         self.terminal = terminal
         self.handler = SinkHandler(terminal)
 
-    def handle(self, request: tuple[Any, ...]) -> bytes:
+    def handle(self, request: tuple[Any, ...], data: memoryview) -> bytes:
+        """The answer to one request (`data`: the raw buffers that came after its head)."""
         op = request[0]
         if op == BUILD:
-            _, mode, cap, sizes = request
-            if sizes is not None:
-                cap.pieces = _cut(cap.pieces[0], sizes)
+            cap, mode = read_capture(request, data)
             line = build_line(cap, mode)
             view = self.view
             if view is not None:
@@ -145,7 +147,7 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        os.nice(5)  # the proxy's own process comes first
+        os.nice(NICE)
     except OSError:
         pass
     terminal = LineSink(int(argv[1]) if len(argv) > 1 else -1)
@@ -156,21 +158,20 @@ def main(argv: list[str]) -> None:
     if argv:
         sock = socket.socket(fileno=int(argv[0]))
         threading.Thread(target=child.serve_summaries, args=(sock,), daemon=True).start()
-    fin, fout = sys.stdin.buffer, sys.stdout.buffer
+    shared = SharedView(int(argv[2])) if len(argv) > 2 and int(argv[2]) >= 0 else None
+    fin, fout = sys.stdin.fileno(), sys.stdout.fileno()
     while True:
         try:
-            (size,) = FRAME.unpack(read_exact(fin, FRAME.size))
-            request = pickle.loads(read_exact(fin, size))
+            request, data = read_request(fin, shared)
         except EOFError:
             break
         try:
-            answer = child.handle(request)
+            answer = child.handle(request, data)
         except Exception:
             log.exception("llmp: record builder failed on a request")
             answer = b""
-        fout.write(FRAME.pack(len(answer)))
-        fout.write(answer)
-        fout.flush()
+        del data  # the request's buffers, a body's size or more: not kept until the next one
+        write_buffers(fout, [FRAME.pack(len(answer)), answer])
     child._live(None, "", 0)  # the parent stops the view first; this is a safety net
 
 

@@ -1,7 +1,8 @@
 """Turn a `Capture` into a recording v1 record (a plain dict).
 
 This is the expensive part of recording (decompressing, parsing, merging,
-hashing), so it runs on the writer's thread, never on the client's path.
+hashing), so it runs in the builder child (`llmp.recorder.builder`), or on
+the writer's thread without one, never on the client's path.
 """
 
 from __future__ import annotations
@@ -221,6 +222,7 @@ def _head(pieces: list[bytes], size: int = 65536) -> bytes:
 
 def build_record(cap: Capture, mode: str) -> dict[str, Any]:
     """The recording v1 record for one finished exchange."""
+    cap.settle()  # what the client's path left raw: headers, counts (`Capture.settle`)
     api = api_for(cap.method, cap.path)
     request = _request_part(cap, mode, api)
     response, first_event = _response_part(cap, mode, api)  # may clear the error (R29)
@@ -241,6 +243,7 @@ def build_record(cap: Capture, mode: str) -> dict[str, Any]:
 
 def fallback_record(cap: Capture, mode: str) -> dict[str, Any]:
     """A record without bodies, for when building the real one failed: never lose an exchange."""
+    cap.settle()  # the counts come from the pieces dropped here
     stripped = dataclasses.replace(cap, request_body=None, pieces=[], times=[], stored_bytes=0)
     return build_record(stripped, mode)
 
