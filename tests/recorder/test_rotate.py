@@ -89,7 +89,7 @@ def test_midnight_loses_no_exchange_in_flight(tmp_path: Path) -> None:
     new day's file; every exchange is in exactly one of the two files."""
     clock = Clock(DAY1)
     f = DailyFile(str(tmp_path / "team.jsonl"), today=clock)
-    writer = RecordWriter(f, "digest")  # type: ignore[arg-type]
+    writer = RecordWriter(f, "digest")
     caps = _captures(12)
     for cap in caps[:4]:  # ended before midnight
         writer.submit(cap)
