@@ -138,7 +138,9 @@ def test_settle_filters_raw_headers_as_mitmproxy_would() -> None:
     assert cap.__dict__ == before
 
 
-def _tapped_capture(body: bytes | None, n_pieces: int, seed: int = 0) -> Capture:
+def _tapped_capture(
+    body: bytes | None, n_pieces: int, seed: int = 0, event: bytes = SSE_EVENT
+) -> Capture:
     rng = random.Random(seed)
     cap = Capture(
         id=7,
@@ -156,7 +158,7 @@ def _tapped_capture(body: bytes | None, n_pieces: int, seed: int = 0) -> Capture
     )
     tap = stream_tap(cap, 1 << 25)
     for i in range(n_pieces):
-        piece = SSE_EVENT if i % 3 else SSE_EVENT[: rng.randint(1, 30)]
+        piece = event if i % 3 else event[: rng.randint(1, 30)]
         tap(piece)
     return cap
 
@@ -203,7 +205,8 @@ def test_build_request_round_trip(body: bytes | None, n_pieces: int, shared: boo
     request = wire.capture_request(cap, "full")
     _, buffers, size = request
     assert any(b is cap.request_body for b in buffers) or body is None  # sent as it lies
-    assert all(any(b is p for b in buffers) for p in cap.pieces)
+    if len(cap.pieces) > 1:  # a stream's small pieces: one buffer, the kernel's cost is per buffer
+        assert len(buffers) == (body is not None) + 1
     assert size == len(body or b"") + sum(map(len, cap.pieces))
     head, data = _round_trip(request, shared)
     got, mode = wire.read_capture(head, data)
@@ -213,6 +216,30 @@ def test_build_request_round_trip(body: bytes | None, n_pieces: int, shared: boo
     assert got.pieces == cap.pieces and got.times == cap.times
     assert {k: v for k, v in got.__dict__.items()} == cap.__dict__
     assert cap.tapped and cap.request_fields is not None  # the proxy's copy stays as it was
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["pipe", "shared"])
+def test_build_request_round_trip_large_pieces(shared: bool) -> None:
+    """Pieces sent as they lie, more of them than one system call takes (IOV_MAX)."""
+    cap = _tapped_capture(b"{}", wire.IOV_MAX * 2 + 7, event=b"x" * (2 * wire.JOIN_BELOW))
+    request = wire.capture_request(cap, "full")
+    assert len(request[1]) == len(cap.pieces) + 1
+    head, data = _round_trip(request, shared)
+    got, _ = wire.read_capture(head, data)
+    del data
+    assert got.pieces == cap.pieces and got.times == cap.times
+
+
+def test_build_request_keeps_large_pieces_as_they_lie() -> None:
+    """Pieces of `JOIN_BELOW` bytes and more are not copied: the kernel takes them as they are."""
+    cap = _tapped_capture(None, 0)
+    big = [os.urandom(wire.JOIN_BELOW), os.urandom(wire.JOIN_BELOW + 1)]
+    for piece in big:
+        cap.times.append(1.0)
+        cap.pieces.append(piece)
+    _, buffers, size = wire.capture_request(cap, "full")
+    assert len(buffers) == 2 and all(b is p for b, p in zip(buffers, big, strict=True))
+    assert size == sum(map(len, big))
 
 
 def test_build_request_takes_pieces_and_times_together() -> None:
@@ -339,3 +366,18 @@ def test_child_without_a_shared_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
     finally:
         child.close()
     assert child.proc.returncode == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_child_runs_only_when_nobody_else_wants_the_cpu(tmp_path: Path) -> None:
+    """The child, its summary thread included, yields at once to anyone who wakes up."""
+    child = wire.ChildBuilder(-1)
+    try:
+        child.build(_tapped_capture(b"{}", 2), "digest")  # it has started and answered
+        pid = child.proc.pid
+        threads = os.listdir(f"/proc/{pid}/task")
+        assert len(threads) >= 2  # the main loop and the summary thread
+        for tid in threads:
+            assert os.sched_getscheduler(int(tid)) == os.SCHED_IDLE
+    finally:
+        child.close()

@@ -18,8 +18,9 @@ request:
   (newline included).  `state` is the capture's fields without its bodies;
   the buffers are the request body (`body_size` bytes, when `body_size` is
   not None), then the response pieces, `sizes` giving each one's length.
-  They are written straight from the bytes objects mitmproxy holds, so the
-  proxy's process neither joins nor pickles a body: with `os.pwritev` into
+  The request body is written straight from the bytes object mitmproxy
+  holds, so the proxy's process neither copies nor pickles it; a stream's
+  small pieces are joined first (`capture_request`): with `os.pwritev` into
   the shared body file (a `memfd` the child maps; its pages are reused from
   one exchange to the next) or, without one, with `os.writev` on the pipe
   after the head.  The child cuts them back into a `Capture`
@@ -81,6 +82,8 @@ FRAME_READ = 1 << 16  # the first read of an answer
 PIPE_BYTES = 1 << 20
 """The pipes' capacity, asked of Linux: an answer, or a body without the
 shared file, goes over in one write."""
+JOIN_BELOW = 4096
+"""Response pieces averaging fewer bytes are joined before they are sent (`capture_request`)."""
 SHARED_KEEP = 4 << 20
 """The shared body file shrinks back to this after a larger exchange."""
 try:
@@ -195,10 +198,14 @@ def request_buffers(
 
 
 def capture_request(cap: Capture, mode: str) -> tuple[bytes, list[bytes], int]:
-    """The build request for `cap`: its fields pickled; its bodies by reference, and their size.
+    """The build request for `cap`: its fields pickled; its bodies, and their size.
 
-    The pieces are taken once, with their times: at shutdown the event loop
-    may still be adding to them (a time is always added before its piece).
+    The request body goes by reference.  The response pieces of a stream
+    are small (an SSE event each): one join of them costs less than handing
+    the kernel hundreds of buffers, so they are joined when they average
+    under `JOIN_BELOW` bytes.  The pieces are taken once, with their times:
+    at shutdown the event loop may still be adding to them (a time is always
+    added before its piece).
     """
     pieces = cap.pieces[:]
     state = cap.__dict__.copy()
@@ -208,6 +215,8 @@ def capture_request(cap: Capture, mode: str) -> tuple[bytes, list[bytes], int]:
     state["times"] = cap.times[: len(pieces)]
     sizes = [len(p) for p in pieces]
     size = sum(sizes)
+    if len(pieces) > 1 and size < JOIN_BELOW * len(pieces):
+        pieces = [b"".join(pieces)]
     if body is None:
         return request_head((BUILD, mode, state, None, sizes)), pieces, size
     pieces.insert(0, body)

@@ -39,16 +39,31 @@ from llmp.recorder.record import build_line
 log = logging.getLogger("llmp")
 
 NICE = 19
-"""The child's niceness: the lowest priority there is.
+"""The child's niceness: the lowest priority there is, where `SCHED_IDLE` is not."""
 
-The proxy's event loop, the client and the model server all come first.
-Building a record takes milliseconds of CPU per exchange (the parse, merge
-and hash of 300 KB and 300 events: about as much CPU as mitmproxy spends
-relaying them), and at nice 5 that time was taken from them whenever the
-machine had no idle core: on 2 cores, 8 saturated streams lost a quarter of
-their events/s.  At nice 19 the child runs in the time the others leave; when
-they leave none for long, records (and the live view's lines) wait, queued
-in order, and are written once there is (`docs/performance.md`)."""
+
+def lower_priority() -> None:
+    """Let the proxy's event loop, the client and the model server always come first.
+
+    Building a record takes milliseconds of CPU per exchange (the parse,
+    merge and hash of 300 KB and 300 events: about as much CPU as mitmproxy
+    spends relaying them).  At nice 5 that time was taken from them whenever
+    the machine had no idle core: on 2 cores, 8 saturated streams lost a
+    quarter of their events/s.  Nice 19 still let the child finish its slice
+    when one of them woke up on its core, so they waited for it; Linux's
+    `SCHED_IDLE` has them preempt it at once (`docs/performance.md`).  The
+    child runs in the time the others leave; when they leave none for long,
+    records (and the live view's lines) wait, queued in order, and are
+    written once there is.  Threads started later inherit the policy.
+    """
+    try:
+        os.nice(NICE)
+    except OSError:
+        pass
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):  # not Linux: nice 19 it is
+        pass
 
 
 def feed(view: LiveView, line: bytes, mode: str) -> None:
@@ -146,10 +161,7 @@ def main(argv: list[str]) -> None:
     """The child: answer requests until stdin closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        os.nice(NICE)
-    except OSError:
-        pass
+    lower_priority()
     terminal = LineSink(int(argv[1]) if len(argv) > 1 else -1)
     child = _Child(terminal)
     log.addHandler(child.handler)
