@@ -29,6 +29,7 @@ from llmp.analysis.changes import MAX_CHANGES
 from llmp.analysis.command import explain
 from llmp.analysis.exchange import Digested, read_record
 from llmp.format.canonical import record_dumps
+from llmp.format.fastread import Histories, decode_digest
 from tests.support import overflow_scenarios as osc
 from tests.support import scenarios as sc
 
@@ -205,3 +206,53 @@ def test_nesting_at_orjson_limit(levels: int, where: str, tmp_path: Path) -> Non
     path = tmp_path / "deep.jsonl"
     path.write_bytes(b"".join(lines))
     assert report_bytes([path], fast=True) == report_bytes([path], fast=False)
+
+
+def _messages_text(line: bytes) -> bytes:
+    return orjson.dumps(orjson.loads(line)["request"]["digest"]["messages"])
+
+
+def _known_end(line: bytes, prev: bytes) -> int:
+    """Where the messages `line` shares with `prev` end (at its `,` or `]`)."""
+    p = line.index(b'"messages":') + len(b'"messages":')
+    stem = _messages_text(prev)[:-1]
+    assert line.startswith(stem, p) and line[p + len(stem) : p + len(stem) + 2] == b",{"
+    return p + len(stem)
+
+
+CUT_EDITS: dict[str, Callable[[bytes, int], bytes]] = {
+    "none": lambda line, end: line,
+    # the known messages, then not a list of message digests as they were
+    "trailing_comma": lambda line, end: line[:end] + b",]" + line[line.index(b"]", end) + 1 :],
+    "space": lambda line, end: line[:end] + b", " + line[end + 1 :],
+    "number": lambda line, end: line[:end] + b",1" + line[end:],
+    "closed_early": lambda line, end: line[:end] + b"]" + line[line.index(b"]", end) + 1 :],
+    "only_known": lambda line, end: line[:end] + line[line.index(b"]", end) :],
+    # a second `messages` key: the last one is the value
+    "twice": lambda line, end: line.replace(b'"tools_hash"', b'"messages":[],"tools_hash"', 1),
+    "twice_same": lambda line, end: line.replace(
+        b'"tools_hash"', b'"messages":' + _messages_text(line) + b',"tools_hash"', 1
+    ),
+    "tokens": lambda line, end: line.replace(b'"tokens":null', b'"tokens":{"messages":{}}'),
+    "tokens_and_twice": lambda line, end: line.replace(
+        b'"tokens":null', b'"tokens":{"messages":{},"messages":{}}'
+    ),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(CUT_EDITS))
+def test_cut_history_reads_alike(edit: str, tmp_path: Path) -> None:
+    """A line whose messages begin with the previous request's is decoded without them
+    (`Histories.cut`); a line that only looks so is read as the plain path reads it."""
+    lines = list(sc.clean_chat().lines("digest", "id"))
+    end = _known_end(lines[3], lines[2])
+    lines[3] = CUT_EDITS[edit](lines[3], end)
+    path = tmp_path / "cut.jsonl"
+    path.write_bytes(b"".join(lines))
+    assert report_bytes([path], fast=True) == report_bytes([path], fast=False)
+    if edit in ("none", "only_known"):  # and it was cut
+        histories = Histories()
+        prev = decode_digest(lines[2])
+        assert prev is not None and prev.request.digest is not None
+        assert histories.decode(prev.request.digest.messages) is not None
+        assert histories.cut(lines[3]) is not None

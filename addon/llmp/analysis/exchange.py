@@ -537,9 +537,16 @@ def read_record(line: bytes | memoryview) -> dict[str, Any] | Digested | None:
     a digest recording.  The rest (errors, refusals, full bodies, other producers'
     fields) is rare, and read as before, which keeps one implementation of them.
     """
-    d = decode_digest(line)
+    cut = HISTORIES.cut(line)
+    d = None
+    if cut is not None:
+        d = decode_digest(cut[0])
+        if d is None:
+            cut = None  # the whole line decides
     if d is None:
-        return parse_line(line)
+        d = decode_digest(line)
+        if d is None:
+            return parse_line(line)
     req = d.request
     api = chat_api(req.method, req.path)
     resp = d.response
@@ -554,7 +561,10 @@ def read_record(line: bytes | memoryview) -> dict[str, Any] | Digested | None:
     hashes: tuple[str, ...] = ()
     tools: list[ToolDef | None] = []
     if digest is not None:
-        decoded = HISTORIES.decode(digest.messages)
+        if cut is None:
+            decoded = HISTORIES.decode(digest.messages)
+        else:
+            decoded = HISTORIES.decode_cut(digest.messages, cut[1])
         decoded_tools = TOOL_LISTS.decode(digest.tools, digest.tools_hash)
         if decoded is None or decoded_tools is None:
             return parse_line(line)
