@@ -256,3 +256,51 @@ def test_cut_history_reads_alike(edit: str, tmp_path: Path) -> None:
         assert prev is not None and prev.request.digest is not None
         assert histories.decode(prev.request.digest.messages) is not None
         assert histories.cut(lines[3]) is not None
+
+
+USAGE_FIELDS = [
+    ("model",),
+    ("usage",),
+    ("usage", "prompt_tokens"),
+    ("usage", "completion_tokens"),
+    ("usage", "prompt_tokens_details"),
+    ("usage", "prompt_tokens_details", "cached_tokens"),
+    ("usage", "cached_tokens"),
+    ("timings",),
+    ("timings", "cache_n"),
+    ("timings", "prompt_n"),
+    ("timings", "prompt_ms"),
+    ("timings", "predicted_n"),
+    ("timings", "predicted_ms"),
+    ("timings", "draft_n"),
+    ("timings", "draft_n_accepted"),
+    ("other",),
+]
+USAGE_VALUES: list[Any] = [None, -1, 0, 7, 7.0, -0.0, 2.5, 2**64, True, "x", {}, [], "DELETE"]
+
+
+@pytest.mark.parametrize("field", USAGE_FIELDS, ids=".".join)
+def test_usage_read_typed_alike(field: tuple[str, ...], tmp_path: Path) -> None:
+    """llama-server's `usage` and `timings` are read typed (`fastread.LlamaTop`) when
+    every field has its type, else as dicts: the same counters either way."""
+    for i, value in enumerate(USAGE_VALUES):
+        lines = []
+        for line in sc.clean_chat().lines("digest", "id"):
+            rec = orjson.loads(line)
+            top = (rec["response"] or {}).get("digest", {}).get("usage")
+            if isinstance(top, dict):
+                top.setdefault("timings", {}).update(draft_n=12, draft_n_accepted=9)
+                parent = top
+                for key in field[:-1]:
+                    parent = parent.setdefault(key, {})
+                    if not isinstance(parent, dict):
+                        break
+                else:
+                    if value == "DELETE":
+                        parent.pop(field[-1], None)
+                    else:
+                        parent[field[-1]] = value
+            lines.append(json.dumps(rec, separators=(",", ":")).encode() + b"\n")
+        path = tmp_path / f"usage{i}.jsonl"
+        path.write_bytes(b"".join(lines))
+        assert report_bytes([path], fast=True) == report_bytes([path], fast=False), value

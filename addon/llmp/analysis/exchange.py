@@ -14,14 +14,17 @@ import orjson
 
 from llmp.analysis.overflow import Refusal, refusal_of
 from llmp.apis import ChatApi, api_for, request_digest_of, response_digest_of, strip_query
+from llmp.apis.openai_chat import OpenAIChat
 from llmp.format.fastread import (
     NULL,
     DigestRecord,
     Histories,
+    LlamaTop,
     Msg,
     ToolDef,
     ToolLists,
     decode_digest,
+    llama_usage,
     usage,
 )
 from llmp.format.lines import parse_line
@@ -215,7 +218,7 @@ class Exchange:
     max_tokens: int | None
     num_ctx: int | None
     tokmap: dict[str, Any] | None
-    top: dict[str, Any] | None
+    top: dict[str, Any] | LlamaTop | None
     streamed: bool
     out_chars: int
     out_tool_names: list[str]
@@ -326,6 +329,18 @@ def draft_counts(top: dict[str, Any] | None) -> tuple[int | None, int | None]:
     if n is None:
         return None, None
     return n, _count(timings, "draft_n_accepted")
+
+
+def _typed_draft_counts(top: LlamaTop) -> tuple[int | None, int | None]:
+    """`draft_counts` of the same usage read typed."""
+    timings = top.timings
+    if timings is None:
+        return None, None
+    n = timings.draft_n
+    if n is None or n < 0:
+        return None, None
+    a = timings.draft_n_accepted
+    return n, a if a is not None and a >= 0 else None
 
 
 _APIS: dict[tuple[str, str], ChatApi | None] = {}
@@ -522,6 +537,9 @@ class Digested:
         self.tools = tools
 
 
+_OPENAI_COUNTS = OpenAIChat.counts
+"""The counters `counters.llama_counts` reads the same from a `LlamaTop`."""
+
 HISTORIES = Histories()
 """The fast path's message lists, shared by every record it reads."""
 TOOL_LISTS = ToolLists()
@@ -571,12 +589,15 @@ def read_record(line: bytes | memoryview) -> dict[str, Any] | Digested | None:
         msgs, hashes = decoded  # type: ignore[assignment]  # FastMsg is a Msg
         tools = decoded_tools  # type: ignore[assignment]  # FastTool is a ToolDef
         digest.messages = digest.tools = NULL  # decoded: no view of the line outlives this
-    top = None
+    top: Any = None
     if resp is not None and resp.digest is not None:
-        try:
-            top = usage(resp.digest)
-        except orjson.JSONDecodeError:
-            return parse_line(line)  # too deep for orjson: the plain reader says bad line
+        if api is not None and type(api).counts is _OPENAI_COUNTS:
+            top = llama_usage(resp.digest)  # read by `counters.llama_counts`
+        if top is None:
+            try:
+                top = usage(resp.digest)
+            except orjson.JSONDecodeError:
+                return parse_line(line)  # too deep for orjson: the plain reader says bad line
         resp.digest.usage = NULL  # parsed: no view of the line outlives this call
     return Digested(d, api, top, msgs, hashes, tools)
 
@@ -596,7 +617,10 @@ def prepare_digested(d: Digested, tools_cache: dict[str, Tools] | None = None) -
     digest = req.digest
     assert resp is not None and digest is not None  # read_record's conditions
     rd = resp.digest
-    top = d.top if type(d.top) is dict else None
+    top = d.top
+    typed = type(top) is LlamaTop
+    if not typed and type(top) is not dict:
+        top = None
     out = rd.output if rd is not None else None
 
     ex = Exchange()
@@ -613,8 +637,12 @@ def prepare_digested(d: Digested, tools_cache: dict[str, Tools] | None = None) -
     ex.ua = (headers.user_agent or None) if headers is not None else None
     requested = ex.requested_model = digest.model or None
     ex.top = top
-    ex.draft_n, ex.draft_n_accepted = draft_counts(top)
-    served = top.get("model") if top is not None else None
+    if typed:
+        ex.draft_n, ex.draft_n_accepted = _typed_draft_counts(top)
+        served = top.model
+    else:
+        ex.draft_n, ex.draft_n_accepted = draft_counts(top)
+        served = top.get("model") if top is not None else None
     ex.served_model = served if type(served) is str and served else requested or "unknown"
     ex.streamed = resp.stream is not None
 

@@ -22,7 +22,9 @@ makes the structs strict where orjson is lenient:
 * the response digest's `usage` (every top-level field of the server's
   reply, R: response digest) is kept as raw JSON and parsed by orjson, at
   the depth it has in the line (`usage()`), so it is exactly the plain
-  reader's dict;
+  reader's dict; or, when it is llama-server's fields and nothing else, each
+  of its type, decoded into `LlamaTop` (`llama_usage()`), which the analysis
+  reads as it reads that dict;
 * a record with a full body (`request.body` or `response.body` not null)
   is refused: full records keep number text (R2) and go the plain way.
 
@@ -46,10 +48,12 @@ __all__ = [
     "FastMsg",
     "FastTool",
     "Histories",
+    "LlamaTop",
     "Msg",
     "ToolDef",
     "ToolLists",
     "decode_digest",
+    "llama_usage",
     "usage",
 ]
 
@@ -206,7 +210,46 @@ class DigestRecord(_Strict):
     tokens: Tokens | None = None
 
 
+class LlamaDetails(_Strict):
+    cached_tokens: Int | None = None
+
+
+class LlamaUsage(_Strict):
+    completion_tokens: Int | None = None
+    prompt_tokens: Int | None = None
+    total_tokens: Int | None = None
+    prompt_tokens_details: LlamaDetails | None = None
+
+
+class LlamaTimings(_Strict):
+    cache_n: Int | None = None
+    prompt_n: Int | None = None
+    prompt_ms: float | None = None
+    prompt_per_token_ms: float | None = None
+    prompt_per_second: float | None = None
+    predicted_n: Int | None = None
+    predicted_ms: float | None = None
+    predicted_per_token_ms: float | None = None
+    predicted_per_second: float | None = None
+    draft_n: Int | None = None
+    draft_n_accepted: Int | None = None
+
+
+class LlamaTop(_Strict):
+    """A response digest's `usage` as llama-server writes it, every field named and
+    typed: read into this instead of a dict of dicts (`llama_usage`)."""
+
+    id: str | None = None
+    object: str | None = None
+    created: Int | None = None
+    model: str | None = None
+    system_fingerprint: str | None = None
+    usage: LlamaUsage | None = None
+    timings: LlamaTimings | None = None
+
+
 _decode = msgspec.json.Decoder(DigestRecord).decode
+_decode_llama = msgspec.json.Decoder(LlamaTop).decode
 _decode_msgs = msgspec.json.Decoder(list[FastMsg] | None).decode
 _decode_tools = msgspec.json.Decoder(list[FastTool] | None).decode
 _ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
@@ -405,6 +448,20 @@ def usage(digest: ResponseDigest) -> Any:
     if len(memoryview(raw)) < _SHALLOW:
         return orjson.loads(memoryview(raw))
     return orjson.loads(b"".join((b"[[[", raw, b"]]]")))[0][0][0]
+
+
+def llama_usage(digest: ResponseDigest) -> LlamaTop | None:
+    """The response digest's `usage` as a `LlamaTop`, or None: parse it with `usage`.
+
+    Only a text that is all llama-server's fields, each of its JSON type, reads
+    so; anything else (another server's fields, a string for a count, null) is
+    the plain reader's to parse.  Every value is decoded and checked (no field
+    is skipped unread), so a text this accepts orjson reads to the same values.
+    """
+    try:
+        return _decode_llama(digest.usage)
+    except _ERRORS:
+        return None
 
 
 _SHALLOW = 2000
