@@ -19,7 +19,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from llmp.analysis.findings import KINDS
-from llmp.analysis.render import duration, short_model
 
 
 def parse_kinds(values: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -63,6 +62,9 @@ def _n(count: int, noun: str) -> str:
 
 def reason(f: dict[str, Any]) -> str:
     """One line naming a finding that failed the gate."""
+    # Here, not at the top: rendering imports rich, which `--json` never needs.
+    from llmp.analysis.render import duration, short_model
+
     kind = f["kind"]
     ev = f.get("evidence") or {}
     detail = {
