@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from llmp.apis import ChatApi
 from llmp.apis.base import CountHints, Counts
 from llmp.format.fastread import LlamaTop
-from llmp.format.measure import PROXY, SERVER
+from llmp.format.measure import MV, PROXY, SERVER
 
 if TYPE_CHECKING:
     from llmp.analysis.exchange import Exchange
@@ -55,9 +55,12 @@ def counts_for(
     return c
 
 
-def exchange_counts(ex: Exchange, hints: CountHints) -> Counts:
+def exchange_counts(
+    ex: Exchange, estimated_prompt: MV, evaluated_share: float, known_old: bool
+) -> Counts:
     """`counts_for` of an Exchange, the proxy's clock read from it directly (the
-    engine's way: no `Timing` per row)."""
+    engine's way: no `Timing` per row, and `CountHints` made only for an API that
+    reads them)."""
     top = ex.top
     if top is None:
         c = Counts()
@@ -65,7 +68,7 @@ def exchange_counts(ex: Exchange, hints: CountHints) -> Counts:
         c = llama_counts(top)
     else:
         assert isinstance(top, dict)
-        c = ex.api.counts(top, hints)
+        c = ex.api.counts(top, CountHints(estimated_prompt, evaluated_share, known_old))
     if ex.streamed and (c.prefill_ms is None or c.decode_ms is None):
         _proxy_times(c, Timing(ex.t_start, ex.t_first_byte, ex.t_end, True, ex.t_first_event))
     return c

@@ -37,7 +37,7 @@ from llmp.analysis.report import (
     write_report,
 )
 from llmp.analysis.rows import Row
-from llmp.apis.base import CountHints, Counts
+from llmp.apis.base import Counts
 from llmp.format.measure import SERVER, weakest
 
 
@@ -117,7 +117,12 @@ class Engine:
             t_start = rec["t_start_ms"]
         report = self.report
         if report:
-            self.totals.record(t_start)
+            totals = self.totals  # Totals.record, inlined: every record
+            totals.records += 1
+            if totals.start_ms is None or t_start < totals.start_ms:
+                totals.start_ms = t_start
+            if totals.end_ms is None or t_start > totals.end_ms:
+                totals.end_ms = t_start
         s = self.session
         if s is None or s.number != session:
             self.flush()
@@ -229,8 +234,7 @@ class Engine:
         total = st.total
         kind, shape = classify(ex, link, ref, total, cfg)
         known_old = served in s.ollama_old
-        hints = CountHints((total, st.source), cfg.ollama_evaluated_share, known_old)
-        counts = exchange_counts(ex, hints)
+        counts = exchange_counts(ex, (total, st.source), cfg.ollama_evaluated_share, known_old)
         if counts.meaning == "old" and not known_old:
             s.ollama_old.add(served)
         model = ex.requested_model or served

@@ -476,25 +476,25 @@ def between(session: Session, since: int, served: str, conversation: int | None)
     if (not ring or ring[-1].id <= since) and not (session.skipped and session.skipped[-1] > since):
         return NOTHING_BETWEEN  # the usual case
     b = Between()
-    for e in reversed(session.ring):
+    entries = b.entries
+    for e in reversed(ring):
         if e.id <= since:
             break
-        b.entries.append(e)
+        entries.append(e)
+    entries.reverse()
+    side, others, domains = b.side_calls, b.other_conversations, b.other_domains
+    last_same = None
+    for e in entries:  # oldest first: the last one sets `last_same`
         if e.served == served:
             if e.kind == SIDE_CALL:
-                b.side_calls.append(e.id)
-                if b.last_same is None:
-                    b.last_same = SIDE_CALL
+                side.append(e.id)
+                last_same = SIDE_CALL
             elif e.kind == STATELESS or e.conversation != conversation:
-                b.other_conversations.append(e.id)
-                if b.last_same is None:
-                    b.last_same = OTHER_CONVERSATION
+                others.append(e.id)
+                last_same = OTHER_CONVERSATION
         else:
-            b.other_domains.append(e.id)
-    b.side_calls.reverse()
-    b.other_conversations.reverse()
-    b.other_domains.reverse()
-    b.entries.reverse()
+            domains.append(e.id)
+    b.last_same = last_same
     b.skipped = bool(session.skipped) and session.skipped[-1] > since
     return b
 
