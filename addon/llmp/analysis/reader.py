@@ -136,6 +136,11 @@ class _Progress:
             self._bar.start()
             self._task = self._bar.add_task("reading", total=total)
 
+    @property
+    def shown(self) -> bool:
+        """Whether there is a bar to advance."""
+        return self._bar is not None
+
     def restart(self, description: str, total: int) -> None:
         if self._bar is not None:
             self._bar.reset(self._task, total=total, description=description)
@@ -247,10 +252,12 @@ class Recording:
         match = KEY_RE.match
         read = self.read
         stats = self.stats
+        shown = bar.shown  # without a bar, nothing to advance for every line
         for fi, inp in self._ordered_inputs():
             with open(inp.path, "rb") as f:
                 for line in _file_lines(f):
-                    bar.advance(len(line))
+                    if shown:
+                        bar.advance(len(line))
                     m = match(line)
                     if m is not None:  # the recorder's way: the key without a parse
                         v, rid_text, t_text = m.groups()
