@@ -250,6 +250,23 @@ def carries_reply(ex: Exchange, out_chars: int) -> bool:
     return False
 
 
+def _reply_sizes(ex: Exchange) -> frozenset[Any]:
+    """The sizes of the request's assistant messages after the system ones:
+    `carries_reply(ex, n)` is `n > 0 and n in` them, without a scan of the messages
+    for every conversation asked about.  Only numbers can equal a reply's size (an
+    int), and equal numbers hash alike."""
+    return frozenset(
+        [
+            m.chars
+            for m in ex.msgs[ex.n_sys :]
+            if type(m.chars) in _NUMBERS and m.role == "assistant"
+        ]
+    )
+
+
+_NUMBERS = (int, float, bool)
+
+
 def find_link(
     ex: Exchange,
     group: OrderedDict[int, Conversation] | None,
@@ -312,11 +329,13 @@ def find_link(
     # another system prompt and other scaffolding around the same history).
     if nrest >= 2:
         mine = frozenset(rest)
+        replies = _reply_sizes(ex)
         for c in convs[:16]:
             crest = c.last.rest
             # else too short to hold that much of it (side-calls, first turns)
             share = nrest >= max(2, cfg.link_overlap * len(crest))
-            reply = carries_reply(ex, c.last.out_chars)
+            out_chars = c.last.out_chars
+            reply = out_chars > 0 and out_chars in replies  # carries_reply, for each
             if not (share or reply):
                 continue
             found = sum(1 for h in crest if h in mine)
