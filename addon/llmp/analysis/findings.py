@@ -276,31 +276,25 @@ class Findings:
     def _eviction(
         self, cause: str, served: str, row_id: int, loss: Loss | None, btw: Between, mixed: bool
     ) -> None:
+        # `btw`'s entries of each kind, as `between` sorted them for `served`.
         if cause == SIDE_CALL:
             g = self._group(self.side, served)
-            for e in btw.entries:
-                if e.kind == SIDE_CALL and e.served == served:
-                    g.side_calls[e.id] = e.shape
-                    g.clients.add(e.client)
-                    g.requested.add(e.model)
+            for e in btw.side_entries:
+                g.side_calls[e.id] = e.shape
+                g.clients.add(e.client)
+                g.requested.add(e.model)
         elif cause == OTHER_CONVERSATION:
             g = self._group(self.other_conv, served)
-            others = set(btw.other_conversations)
-            for e in btw.entries:
-                if e.served != served or e.kind == SIDE_CALL:
-                    continue
+            for e in btw.other_entries:
                 if e.kind == STATELESS:
                     g.stateless.add(e.id)
-                    g.clients.add(e.client)
-                elif e.id in others:
-                    if e.conversation is not None:
-                        g.conversations.add(e.conversation)
-                    g.clients.add(e.client)
+                elif e.conversation is not None:
+                    g.conversations.add(e.conversation)
+                g.clients.add(e.client)
         elif cause == OTHER_MODEL:
             g = self._group(self.other_model, served)
-            for e in btw.entries:
-                if e.served != served:
-                    g.models.add(e.served)
+            for e in btw.domain_entries:
+                g.models.add(e.served)
         else:
             return
         g.mixed = g.mixed or mixed

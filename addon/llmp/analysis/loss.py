@@ -453,6 +453,11 @@ class Between:
     other_conversations: list[int] = field(default_factory=list)
     other_domains: list[int] = field(default_factory=list)
     entries: list[RingEntry] = field(default_factory=list)
+    side_entries: list[RingEntry] = field(default_factory=list)
+    """The entries of `side_calls`, `other_conversations` and `other_domains`: what
+    the findings look at, without sorting `entries` again."""
+    other_entries: list[RingEntry] = field(default_factory=list)
+    domain_entries: list[RingEntry] = field(default_factory=list)
     last_same: str | None = None  # kind of the last same-model row in between
     skipped: bool = False
 
@@ -483,17 +488,21 @@ def between(session: Session, since: int, served: str, conversation: int | None)
         entries.append(e)
     entries.reverse()
     side, others, domains = b.side_calls, b.other_conversations, b.other_domains
+    side_e, others_e, domains_e = b.side_entries, b.other_entries, b.domain_entries
     last_same = None
     for e in entries:  # oldest first: the last one sets `last_same`
         if e.served == served:
             if e.kind == SIDE_CALL:
                 side.append(e.id)
+                side_e.append(e)
                 last_same = SIDE_CALL
             elif e.kind == STATELESS or e.conversation != conversation:
                 others.append(e.id)
+                others_e.append(e)
                 last_same = OTHER_CONVERSATION
         else:
             domains.append(e.id)
+            domains_e.append(e)
     b.last_same = last_same
     b.skipped = bool(session.skipped) and session.skipped[-1] > since
     return b
