@@ -338,7 +338,7 @@ def find_link(
             reply = out_chars > 0 and out_chars in replies  # carries_reply, for each
             if not (share or reply):
                 continue
-            found = sum(1 for h in crest if h in mine)
+            found = sum(map(mine.__contains__, crest))  # how many of its messages are ours
             if found >= 2 and (reply or found >= cfg.link_overlap * len(crest)):
                 return Link(c, OVERLAP, 0)
 
