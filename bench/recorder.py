@@ -1,7 +1,7 @@
 """Benchmark: what the recorder costs a stream, next to direct and plain mitmdump.
 
-    .venv/bin/python bench/recorder.py            # about 6 minutes on 2 cores
-    .venv/bin/python bench/recorder.py --quick    # about 2 minutes, a smoke run
+    .venv/bin/python bench/recorder.py            # about 13 minutes on 2 cores
+    .venv/bin/python bench/recorder.py --quick    # about 4 minutes, a smoke run
 
 Four paths carry the same traffic from one upstream to one client:
 
@@ -1041,7 +1041,7 @@ def check_recordings(paths: dict[str, PathInfo]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a ~2 minute smoke run")
+    ap.add_argument("--quick", action="store_true", help="a ~4 minute smoke run")
     ap.add_argument("--rounds", type=int, help="rounds over the paths (default 3, quick 1)")
     ap.add_argument("--window", type=float, help="throughput window in seconds")
     ap.add_argument("--json", type=Path, help="also write the raw figures here")
