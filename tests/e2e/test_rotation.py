@@ -55,6 +55,13 @@ def test_midnight_through_mitmdump(
         first = client.chat.completions.create(model="m", messages=history)
         history.append({"role": "assistant", "content": first.choices[0].message.content})
         history.append({"role": "user", "content": "and on"})
+        # Its record is written by the writer thread, after the client has its answer:
+        # wait for it, or a busy machine could write it after the midnight below.
+        deadline = time.monotonic() + 20
+        day1 = tmp_path / "team-2026-12-01.jsonl"
+        while not (day1.exists() and day1.read_bytes().endswith(b"\n")):
+            assert time.monotonic() < deadline, "the first record was never written"
+            time.sleep(0.01)
         # A stream starts before midnight and ends after it.  (The fake llama-server
         # has one slot, as a small real one has: a second stream would wait for it.)
         started = threading.Event()
