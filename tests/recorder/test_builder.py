@@ -370,14 +370,19 @@ def test_child_without_a_shared_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
 def test_child_runs_only_when_nobody_else_wants_the_cpu(tmp_path: Path) -> None:
-    """The child, its summary thread included, yields at once to anyone who wakes up."""
+    """The child's builder yields at once to anyone who wakes up; its summary thread does not,
+    so a scrape is answered on a saturated machine."""
     child = wire.ChildBuilder(-1)
     try:
         child.build(_tapped_capture(b"{}", 2), "digest")  # it has started and answered
         pid = child.proc.pid
-        threads = os.listdir(f"/proc/{pid}/task")
-        assert len(threads) >= 2  # the main loop and the summary thread
-        for tid in threads:
-            assert os.sched_getscheduler(int(tid)) == os.SCHED_IDLE
+        policies = {
+            int(tid): os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")
+        }
+        assert policies.pop(pid) == os.SCHED_IDLE  # the main loop: builds the records
+        assert list(policies.values()) == [os.SCHED_OTHER]  # the summary thread, alone
+        assert os.getpriority(os.PRIO_PROCESS, pid) == 19
+        (summary,) = policies
+        assert os.getpriority(os.PRIO_PROCESS, summary) == os.getpriority(os.PRIO_PROCESS, 0)
     finally:
         child.close()

@@ -54,7 +54,10 @@ def lower_priority() -> None:
     `SCHED_IDLE` has them preempt it at once (`docs/performance.md`).  The
     child runs in the time the others leave; when they leave none for long,
     records (and the live view's lines) wait, queued in order, and are
-    written once there is.  Threads started later inherit the policy.
+    written once there is.  Linux sets both per thread: the summary thread,
+    started before, keeps the normal priority, so `/_llmp/summary` and
+    `/_llmp/metrics` are answered on a saturated machine too (they wait only
+    while a record is being fed to the live view, under its lock).
     """
     try:
         os.nice(NICE)
@@ -161,7 +164,6 @@ def main(argv: list[str]) -> None:
     """The child: answer requests until stdin closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    lower_priority()
     terminal = LineSink(int(argv[1]) if len(argv) > 1 else -1)
     child = _Child(terminal)
     log.addHandler(child.handler)
@@ -170,6 +172,7 @@ def main(argv: list[str]) -> None:
     if argv:
         sock = socket.socket(fileno=int(argv[0]))
         threading.Thread(target=child.serve_summaries, args=(sock,), daemon=True).start()
+    lower_priority()  # this thread's only: the summary thread answers at normal priority
     shared = SharedView(int(argv[2])) if len(argv) > 2 and int(argv[2]) >= 0 else None
     fin, fout = sys.stdin.fileno(), sys.stdout.fileno()
     while True:
