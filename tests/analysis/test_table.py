@@ -28,18 +28,8 @@ duckdb = pytest.importorskip("duckdb")
 pytest.importorskip("pyarrow")
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "table.md"
-DAY_MS = 86_400_000
 SOME = ["clean_chat", "changed_tools", "title_side_call", "two_harnesses", "server_reset",
         "ollama_evaluated", "other_model", "compaction"]  # fmt: skip
-
-
-def shifted(traffic: sc.Traffic, days: int) -> sc.Traffic:
-    """The same traffic `days` later (every clock of every record)."""
-    for rec in traffic.records:
-        for key in ("t_start_ms", "t_first_byte_ms", "t_end_ms"):
-            if rec[key] is not None:
-                rec[key] += days * DAY_MS
-    return traffic
 
 
 def duck_rows(path: Path) -> list[dict[str, Any]]:
@@ -286,7 +276,7 @@ def test_the_docs_duckdb_recipe_sums_lost_seconds_per_client_per_day(
     expected: dict[tuple[str, dt.date], list[float]] = defaultdict(lambda: [0.0, 0, 0, 0])
     recordings: dict[tuple[str, dt.date], set[str]] = defaultdict(set)
     for name, day in plan:
-        rec = shifted(sc.SCENARIOS[name](), day).write(tmp_path / f"{name}.jsonl")
+        rec = sc.shifted(sc.SCENARIOS[name](), day).write(tmp_path / f"{name}.jsonl")
         code, stdout, err = run_cli(
             [str(rec), "--json", "--rows", str(tmp_path / "rows" / f"{name}.parquet")], capsys
         )

@@ -28,7 +28,6 @@ from tests.support.upstreams import Upstream
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "team.md"
 BIN = Path(sys.executable).parent
-DAY_MS = 86_400_000
 _BASE_RE = re.compile(r"OPENAI_BASE_URL=(http://\S+)/v1")
 
 
@@ -92,14 +91,6 @@ def test_the_units_command_records_one_dated_file_per_server(tmp_path: Path) -> 
     assert "team-secret" not in (folder / f"llmp-{today}.jsonl").read_text() + text
 
 
-def shifted(traffic: sc.Traffic, days: int) -> sc.Traffic:
-    for rec in traffic.records:
-        for key in ("t_start_ms", "t_first_byte_ms", "t_end_ms"):
-            if rec[key] is not None:
-                rec[key] += days * DAY_MS
-    return traffic
-
-
 @pytest.mark.e2e
 def test_the_month_loop_and_query_sum_lost_seconds_per_server_and_client(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -118,7 +109,7 @@ def test_the_month_loop_and_query_sum_lost_seconds_per_server_and_client(
         folder = tmp_path / "llmp" / server
         folder.mkdir(parents=True, exist_ok=True)
         offset = (dt.date.fromisoformat(day) - dt.date(2026, 11, 1)).days
-        path = shifted(sc.SCENARIOS[name](), offset).write(folder / f"llmp-{day}.jsonl")
+        path = sc.shifted(sc.SCENARIOS[name](), offset).write(folder / f"llmp-{day}.jsonl")
         if day.startswith("2026-11"):
             assert main(["analyze", str(path), "--json"]) == 0
             for row in orjson.loads(capsys.readouterr().out)["rows"]:

@@ -409,6 +409,18 @@ class Traffic:
 # -- agents ------------------------------------------------------------------
 
 
+DAY_MS = 86_400_000
+
+
+def shifted(traffic: Traffic, days: int) -> Traffic:
+    """The same traffic `days` later (every clock of every record), for recordings of many days."""
+    for rec in traffic.records:
+        for key in ("t_start_ms", "t_first_byte_ms", "t_end_ms"):
+            if rec[key] is not None:
+                rec[key] += days * DAY_MS
+    return traffic
+
+
 def tool(name: str, description: str, **props: Any) -> dict[str, Any]:
     """An OpenAI-style tool definition."""
     return {

@@ -104,15 +104,22 @@ def write_buffers(fd: int, buffers: Sequence[bytes | memoryview]) -> None:
     pending = list(buffers)
     start = 0
     while start < len(pending):
-        batch = pending[start : start + IOV_MAX]
-        written = os.writev(fd, batch)
-        for buf in batch:
-            size = len(buf)
-            if written < size:
-                pending[start] = memoryview(buf)[written:]
-                break
-            written -= size
-            start += 1
+        start = _advance(pending, start, os.writev(fd, pending[start : start + IOV_MAX]))
+
+
+def _advance(pending: list[bytes | memoryview], start: int, written: int) -> int:
+    """After a vectored write of `written` bytes from `pending[start:]`: the next buffer to
+    write, the one cut short replaced by what is left of it."""
+    while written:
+        size = len(pending[start])
+        if written < size:
+            pending[start] = memoryview(pending[start])[written:]
+            break
+        written -= size
+        start += 1
+    while start < len(pending) and not len(pending[start]):
+        start += 1  # empty buffers are written by being passed over
+    return start
 
 
 def pwrite_buffers(fd: int, buffers: Sequence[bytes | memoryview], offset: int = 0) -> None:
@@ -125,13 +132,7 @@ def pwrite_buffers(fd: int, buffers: Sequence[bytes | memoryview], offset: int =
         if not written and any(batch):
             raise OSError("no progress writing the shared body file")
         offset += written
-        for buf in batch:
-            size = len(buf)
-            if written < size:
-                pending[start] = memoryview(buf)[written:]
-                break
-            written -= size
-            start += 1
+        start = _advance(pending, start, written)
 
 
 def read_into(fd: int, view: memoryview) -> None:
