@@ -27,7 +27,7 @@ from llmp.analysis.render import CAUSE_WORDS, duration
 from llmp.live import contract as live
 from llmp.live.contract import SUMMARY_TAG, TURN_FIELDS, TURN_TAG
 from llmp.recorder.addon import Recorder
-from tests.support.live_checks import analyze, check_event, lost, value
+from tests.support.live_checks import analyze, chat, check_event, lost, value
 from tests.support.mitm import Mitmdump, MitmdumpError, read_records
 from tests.support.upstreams import Upstream
 
@@ -50,38 +50,17 @@ def _ask(n: int) -> dict[str, str]:
     return {"role": "user", "content": f"step {n} ({MARK}): " + f"please change file {n}. " * 10}
 
 
-def _chat(
-    client: httpx.Client, messages: list[dict[str, Any]], *, fake: str = "", **extra: Any
-) -> dict[str, Any]:
-    """One chat request; the assistant message to resend."""
-    body = {"model": "smol", "messages": messages, **extra}
-    headers = {"x-fake": fake} if fake else {}
-    if body.get("stream"):
-        body["stream_options"] = {"include_usage": True}
-        with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
-            assert r.status_code == 200
-            text = "".join(
-                (json.loads(line[6:])["choices"] or [{}])[0].get("delta", {}).get("content") or ""
-                for line in r.iter_lines()
-                if line.startswith("data: {")
-            )
-        return {"role": "assistant", "content": text}
-    r = client.post("/v1/chat/completions", json=body, headers=headers)
-    assert r.status_code == 200, r.text
-    return {"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]}
-
-
 def _session(client: httpx.Client, llama: Upstream) -> None:
     """Six requests: turns 1-2, a title side-call, turns 3-5 (turn 4 changes the system)."""
     msgs: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, _ask(1)]
-    msgs.append(_chat(client, msgs))  # id 1: turn 1
+    msgs.append(chat(client, msgs))  # id 1: turn 1
     msgs.append(_ask(2))
-    msgs.append(_chat(client, msgs, stream=True))  # id 2: turn 2, streamed
+    msgs.append(chat(client, msgs, stream=True))  # id 2: turn 2, streamed
     seen = len(llama.log)
     title = [{"role": "system", "content": TITLE_SYSTEM}, msgs[1]]
     # id 3: the title call is slow, so id 4 ends (and is written) before it.
     slow = threading.Thread(
-        target=_chat, args=(client, title), kwargs={"max_tokens": 16, "fake": "prefill_ms=700"}
+        target=chat, args=(client, title), kwargs={"max_tokens": 16, "fake": "prefill_ms=700"}
     )
     slow.start()
     deadline = time.monotonic() + 5
@@ -90,13 +69,13 @@ def _session(client: httpx.Client, llama: Upstream) -> None:
         time.sleep(0.005)
     time.sleep(0.05)  # the fake has planned it: its slot now holds the title prompt
     msgs.append(_ask(3))
-    msgs.append(_chat(client, msgs))  # id 4: turn 3, evicted by the title call
+    msgs.append(chat(client, msgs))  # id 4: turn 3, evicted by the title call
     slow.join(10)
     msgs[0] = {"role": "system", "content": SYSTEM + " Today is 2026-08-21."}
     msgs.append(_ask(4))
-    msgs.append(_chat(client, msgs))  # id 5: turn 4, system prompt changed
+    msgs.append(chat(client, msgs))  # id 5: turn 4, system prompt changed
     msgs.append(_ask(5))
-    msgs.append(_chat(client, msgs))  # id 6: turn 5, clean
+    msgs.append(chat(client, msgs))  # id 6: turn 5, clean
 
 
 def test_live_view_agrees_with_the_report(llama: Upstream, tmp_path: Path) -> None:
@@ -214,7 +193,7 @@ def test_live_view_off(llama: Upstream, tmp_path: Path) -> None:
     rec = tmp_path / "rec.jsonl"
     with Mitmdump(llama.url, rec, {"llmp_live": "false"}) as md:
         with httpx.Client(base_url=md.url, headers={"user-agent": UA}, timeout=20) as client:
-            _chat(client, [{"role": "user", "content": f"hello {MARK}"}])
+            chat(client, [{"role": "user", "content": f"hello {MARK}"}])
             before = len(llama.log)
             off = client.get("/_llmp/summary")
             time.sleep(0.1)

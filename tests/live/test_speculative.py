@@ -23,7 +23,7 @@ from llmp.live.contract import TURN_FIELDS, TURN_TAG, LiveConfig
 from llmp.live.events import request_line
 from llmp.live.view import LiveView
 from tests.support import scenarios as sc
-from tests.support.live_checks import analyze
+from tests.support.live_checks import analyze, chat
 from tests.support.mitm import Mitmdump, read_records
 from tests.support.upstreams import Upstream
 
@@ -76,24 +76,6 @@ def test_a_draft_of_nothing_adds_nothing_to_the_line() -> None:
 UA = "opencode/1.0.0"
 
 
-def _chat(client: httpx.Client, messages: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": "smol", "messages": messages, "stream": stream}
-    headers = {"x-fake": "draft=60"}
-    if stream:
-        body["stream_options"] = {"include_usage": True}
-        with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
-            assert r.status_code == 200
-            text = "".join(
-                (json.loads(line[6:])["choices"] or [{}])[0].get("delta", {}).get("content") or ""
-                for line in r.iter_lines()
-                if line.startswith("data: {")
-            )
-        return {"role": "assistant", "content": text}
-    r = client.post("/v1/chat/completions", json=body, headers=headers)
-    assert r.status_code == 200, r.text
-    return {"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]}
-
-
 @pytest.mark.e2e
 def test_fake_llama_draft_mode_through_the_proxy(tmp_path: Path) -> None:
     rec, events = tmp_path / "rec.jsonl", tmp_path / "events.txt"
@@ -103,7 +85,7 @@ def test_fake_llama_draft_mode_through_the_proxy(tmp_path: Path) -> None:
             msgs: list[dict[str, Any]] = [{"role": "system", "content": "Be brief. " * 20}]
             for i in range(3):
                 msgs.append({"role": "user", "content": f"question {i}: " + "why? " * 30})
-                msgs.append(_chat(client, msgs, stream=i % 2 == 1))
+                msgs.append(chat(client, msgs, fake="draft=60", stream=i % 2 == 1))
             md.wait_for_log("conv 1 turn 3:")
         assert md.stop() == 0
         log = md.log_text()

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from llmp.live.contract import TURN_FIELDS
 
 LLMP = Path(sys.executable).parent / "llmp"
@@ -53,3 +55,25 @@ def check_event(ev: dict[str, Any], row: dict[str, Any]) -> None:
         assert ev[f"{part}_ms"] == (loss and value(loss["ms"]))
     if row["kind"] == "turn":
         assert ev["lost_tokens"] == lost(row)
+
+
+def chat(
+    client: httpx.Client, messages: list[dict[str, Any]], *, fake: str = "", **extra: Any
+) -> dict[str, Any]:
+    """One chat request to the fake llama-server (`fake`: its `x-fake` modes); the assistant
+    message to resend."""
+    body = {"model": "smol", "messages": messages, **extra}
+    headers = {"x-fake": fake} if fake else {}
+    if body.get("stream"):
+        body["stream_options"] = {"include_usage": True}
+        with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+            assert r.status_code == 200
+            text = "".join(
+                (json.loads(line[6:])["choices"] or [{}])[0].get("delta", {}).get("content") or ""
+                for line in r.iter_lines()
+                if line.startswith("data: {")
+            )
+        return {"role": "assistant", "content": text}
+    r = client.post("/v1/chat/completions", json=body, headers=headers)
+    assert r.status_code == 200, r.text
+    return {"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]}
