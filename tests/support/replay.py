@@ -61,10 +61,10 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from llmp.demo.fakes.exchange import header
-from llmp.demo.fakes.raw import read_request
+from llmp.demo.fakes.raw import LoopServer, read_request
 from tests.support.mitm import Mitmdump, read_records, wait_for_records
 
 #: mitmproxy's flow error when the client went away (what the harness did).
@@ -318,7 +318,7 @@ class Served:
     outcome: str = "pending"
 
 
-class ReplayUpstream:
+class ReplayUpstream(LoopServer):
     """Answers every captured request with its captured response, in a daemon thread.
 
     ``time_scale`` multiplies every captured gap (request end → response
@@ -346,60 +346,7 @@ class ReplayUpstream:
         self.overlaps = overlaps(self.exchanges)
         self.served: list[Served] = []
         self._conns = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._server: asyncio.Server | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="replay-upstream", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10) or self._error is not None:
-            raise RuntimeError("replay upstream did not start") from self._error
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    # lifecycle ---------------------------------------------------------------
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(self._start())
-        except BaseException as e:
-            self._error = e
-            self._ready.set()
-            return
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-        self._loop.close()
-
-    async def _start(self) -> None:
-        self._stop = asyncio.Event()
-        self._server = await asyncio.start_server(self._conn, "127.0.0.1", 0, limit=1 << 24)
-        self.port: int = self._server.sockets[0].getsockname()[1]
-
-    async def _shutdown(self) -> None:
-        assert self._server is not None and self._stop is not None
-        self._stop.set()
-        self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def close(self) -> None:
-        if not self._loop.is_running():
-            return
-        fut = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
-        with contextlib.suppress(Exception):
-            fut.result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().__init__("replay-upstream")
 
     # serving ----------------------------------------------------------------
 
@@ -415,7 +362,9 @@ class ReplayUpstream:
             return 0.0
         return min(gap * self.time_scale, self.max_gap)
 
-    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _handle_conn(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)

@@ -132,34 +132,43 @@ async def read_request(
     return method, target, version, headers, body
 
 
-class RawServer:
-    """Serves an ``App`` until ``close()`` (or the end of the ``with`` block).
+class LoopServer:
+    """A server on 127.0.0.1 with its own event loop in a daemon thread.
 
-    ``log`` is the list of ``Exchange`` in arrival order. ``fake`` sets modes
-    for every request; the ``x-fake`` header adds to them.
+    The constructor returns once it listens (``port``, ``url``); ``close()``
+    (or the end of the ``with`` block) cancels the connections still open and
+    stops the loop. A subclass sets its own state *before* calling
+    ``__init__`` (connections may come at once), answers in ``_handle_conn``
+    (adding its task to ``_tasks`` while it runs), and may make loop-bound
+    state in ``_starting`` and release waiters in ``_closing``.
     """
 
-    def __init__(self, app: App, *, fake: str = "", name: str = "fake-upstream") -> None:
-        self.app = app
-        self.default_modes = parse_fake(fake)
-        self.log: list[Exchange] = []
-        self._index = 0
-        self._conns = 0
+    def __init__(self, name: str) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._server: asyncio.Server | None = None
-        self._hang_release: asyncio.Event | None = None
         self._error: BaseException | None = None
         self._ready = threading.Event()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         if not self._ready.wait(10):
-            raise RuntimeError("fake upstream did not start")
+            raise RuntimeError(f"{name} did not start")
         if self._error is not None:
-            raise RuntimeError("fake upstream failed to start") from self._error
+            raise RuntimeError(f"{name} failed to start") from self._error
         self.port: int = self._port
         self.url = f"http://127.0.0.1:{self.port}"
+
+    async def _handle_conn(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        raise NotImplementedError
+
+    async def _starting(self) -> None:
+        """On the loop, before it listens."""
+
+    def _closing(self) -> None:
+        """On the loop, at close, before the connections are cancelled."""
 
     # lifecycle -------------------------------------------------------------
 
@@ -180,14 +189,14 @@ class RawServer:
             self._loop.close()
 
     async def _start(self) -> None:
-        self._hang_release = asyncio.Event()
+        await self._starting()
         self._server = await asyncio.start_server(self._handle_conn, "127.0.0.1", 0, limit=1 << 24)
         self._port = self._server.sockets[0].getsockname()[1]
 
     async def _shutdown(self) -> None:
-        assert self._server is not None and self._hang_release is not None
+        assert self._server is not None
         self._server.close()
-        self._hang_release.set()
+        self._closing()
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()
@@ -210,6 +219,30 @@ class RawServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class RawServer(LoopServer):
+    """Serves an ``App`` until ``close()`` (or the end of the ``with`` block).
+
+    ``log`` is the list of ``Exchange`` in arrival order. ``fake`` sets modes
+    for every request; the ``x-fake`` header adds to them.
+    """
+
+    def __init__(self, app: App, *, fake: str = "", name: str = "fake-upstream") -> None:
+        self.app = app
+        self.default_modes = parse_fake(fake)
+        self.log: list[Exchange] = []
+        self._index = 0
+        self._conns = 0
+        self._hang_release: asyncio.Event | None = None
+        super().__init__(name)
+
+    async def _starting(self) -> None:
+        self._hang_release = asyncio.Event()
+
+    def _closing(self) -> None:
+        assert self._hang_release is not None
+        self._hang_release.set()
 
     # helpers for tests ------------------------------------------------------
 
