@@ -1,0 +1,66 @@
+"""The console script imports only the subcommand it runs, and still lists them all."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from llmp.cli import COMMANDS, build_parser, main
+
+_PROBE = """
+import sys
+from llmp.cli import build_parser
+build_parser(sys.argv[1:]).parse_args(sys.argv[1:])
+print(",".join(sorted(m for m in sys.modules if m.startswith(("llmp.demo", "llmp.recorder")))))
+"""
+
+
+def _loaded(*argv: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return set(out.split(",")) - {""}
+
+
+def test_analyze_imports_neither_the_demo_nor_the_recorder() -> None:
+    assert _loaded("analyze", "--json", "some.jsonl") == set()
+
+
+def test_a_recorder_subcommand_imports_the_recorder() -> None:
+    assert "llmp.recorder.proxy" in _loaded("proxy", "--upstream", "http://127.0.0.1:1")
+
+
+def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    listing = capsys.readouterr().out
+    for name in COMMANDS:
+        assert f"    {name} " in listing
+
+
+def test_an_unknown_subcommand_names_them_all(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["anlyze", "x.jsonl"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'anlyze'" in err
+    for name in COMMANDS:
+        assert repr(name) in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["analyze", "--json", "--min-lost-ms", "5", "a.jsonl", "b.jsonl"],
+        ["proxy", "--upstream", "http://127.0.0.1:8080"],
+        ["run", "--upstream", "http://127.0.0.1:8080", "--", "true"],
+        ["demo", "--out", "/tmp/x"],
+    ],
+)
+def test_one_subcommand_parses_as_the_whole_parser_does(argv: list[str]) -> None:
+    whole = vars(build_parser().parse_args(argv))
+    alone = vars(build_parser(argv).parse_args(argv))
+    assert alone == whole
