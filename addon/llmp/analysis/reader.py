@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import mmap
 import os
 import shutil
 import sys
@@ -35,42 +34,45 @@ __all__ = [
 WINDOW_LINES = 20_000
 WINDOW_BYTES = 64 << 20
 _PROGRESS_STEP = 1 << 20
-_UNMAP_STEP = 4 << 20
-"""Bytes of a mapped file read before its pages are dropped from the process."""
+BLOCK = 1 << 20
+"""Bytes read at a time (`_file_lines`): ~100 lines of a digest recording."""
 
 
-def _file_lines(f: IO[bytes]) -> Iterator[bytes | memoryview]:
-    """The lines of a file as its iteration gives them (each with its `\n`), mapped.
+def _file_lines(f: IO[bytes]) -> Iterator[bytes]:
+    """The lines of a file as its iteration gives them (each with its `\n`), read in
+    large blocks.
 
-    A line is a view of the mapped file: no read into a buffer and copy out
-    of it, which costs more than decoding a digest line.  The pages already
-    read are dropped from the process every few MiB (MADV_DONTNEED: they stay
-    in the page cache, and a view still held reads them again), so the mapping
-    adds at most that much to the resident memory, whatever the file's size.
-    What follows the last `\n` of the mapped size (a line being written, lines
-    appended since the file was opened) is read as before.  A file that cannot
-    be mapped (empty, not a regular file) is only iterated.  The map is not
-    closed here: it goes when the last view of it does.
+    A block is one read of `BLOCK` bytes, and each line a slice of it: one copy per
+    line, which the fast path needs anyway (it cuts and keeps `bytes`), and no copy
+    per line into a buffered reader's buffer and out.  A read never faults: a file
+    another process truncates while it is read (the recorder trims a partial tail on
+    restart) only ends sooner, where a mapped file's missing pages would kill the
+    process with SIGBUS.  A line cut by the truncation is what the file now ends
+    with: a bad line, as any partial tail.  Lines appended meanwhile are read too.
     """
-    try:
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):  # empty, or not mappable
-        mapped = None
-    if mapped is not None:
-        view = memoryview(mapped)
-        find = mapped.find
-        drop = getattr(mmap, "MADV_DONTNEED", None)
-        pos = dropped = 0
+    read = f.read
+    pending: list[bytes] = []  # the start of a line that spans blocks
+    while block := read(BLOCK):
+        find = block.find
+        end = find(b"\n")
+        if end < 0:
+            pending.append(block)
+            continue
+        end += 1
+        pos = 0
+        if pending:
+            pending.append(block[:end])
+            yield b"".join(pending)
+            pending = []
+            pos = end
         while (end := find(b"\n", pos)) >= 0:
             end += 1
-            yield view[pos:end]
+            yield block[pos:end]
             pos = end
-            if pos - dropped >= _UNMAP_STEP and drop is not None:
-                upto = pos - pos % mmap.PAGESIZE
-                mapped.madvise(drop, dropped, upto - dropped)
-                dropped = upto
-        f.seek(pos)
-    yield from f
+        if pos < len(block):
+            pending.append(block[pos:])
+    if pending:
+        yield b"".join(pending)
 
 
 Sourced = tuple[int, Any, int]
@@ -254,7 +256,7 @@ class Recording:
         stats = self.stats
         shown = bar.shown  # without a bar, nothing to advance for every line
         for fi, inp in self._ordered_inputs():
-            with open(inp.path, "rb") as f:
+            with open(inp.path, "rb", buffering=0) as f:
                 for line in _file_lines(f):
                     if shown:
                         bar.advance(len(line))
@@ -267,7 +269,6 @@ class Recording:
                         key = (int(t_text), int(rid_text))
                         parsed = None
                     else:
-                        line = bytes(line)
                         if line[:1] != b"{" and _blank(line):
                             continue
                         key, parsed = key_and_record(line)
@@ -293,7 +294,7 @@ class Recording:
                         yield session, rec, fi
                         continue
                     seq += 1
-                    raw = bytes(line)  # held: not a view of the map
+                    raw = line  # held: its own bytes, not the block's
                     heapq.heappush(heap, (key[0], rid, seq, raw, fi))
                     held += len(raw)
                     while heap:
