@@ -175,9 +175,10 @@ class Engine:
         """Sum a final row into the totals and findings, and keep it."""
         row, ex = fed.row, fed.exchange
         if self.report:
-            self.totals.add(row)
-            self.totals.stored(ex)
-            self.totals.offer(row.client, ex, row.session)
+            totals = self.totals
+            totals.add(row)
+            totals.stored_prompts += ex.stored_prompt  # Totals.stored, inlined
+            totals.offer(row.client, ex, row.session)
             self.findings.add(row, fed.between, ex)
         if self.spill is not None:
             self.spill.write(row)

@@ -7,7 +7,6 @@ each lost token to a cause.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llmp.analysis.classify import SIDE_CALL, STATELESS
@@ -65,9 +64,11 @@ EXTERNAL_CAUSES = (SIDE_CALL, OTHER_CONVERSATION, OTHER_MODEL)
 SERVER_KINDS = (SERVER_EMPTY, SERVER_HEAD_ONLY, SERVER_ROLLBACK)
 
 
-@dataclass(slots=True)
 class Structure:
-    """How a request's prompt relates to the turn it links to, in composition units."""
+    """How a request's prompt relates to the turn it links to, in composition units.
+
+    A plain class: the defaults are class attributes, and a row sets the few that
+    apply to it (a slotted dataclass set all 27 fields for every row, 6x the cost)."""
 
     system: MV
     tools: MV
@@ -86,7 +87,7 @@ class Structure:
     tools_after: int = 0  # the tools block's part of `after`
     tools_fresh: int = 0  # its new tools' part of `fresh`
     tools_differ: bool = False  # the tools array changed (its place is the template's)
-    changed: list[dict[str, Any]] = field(default_factory=list)
+    changed: list[dict[str, Any]] | None = None
     """Where each changed message changed (digest mode: which part; full mode: the offset)."""
     prev_prompt: int | None = None  # the linked turn's prompt, as its server counted it
     refused_prompt: int | None = None  # a prompt refused in between, as the server counted it
@@ -98,6 +99,14 @@ class Structure:
     volatile: int = 0
     """A volatile head: what a new conversation re-read because only its head changed."""
     volatile_where: dict[str, Any] | None = None
+
+    def __init__(self, system: MV, tools: MV, history: MV, new: MV, linked: bool = False) -> None:
+        self.system = system
+        self.tools = tools
+        self.history = history
+        self.new = new
+        if linked:
+            self.linked = True
 
     @property
     def lost(self) -> int:
@@ -235,6 +244,8 @@ def _charge(
             fresh += t
             continue
         where = _where_changed(ex, i, last, j)
+        if st.changed is None:
+            st.changed = []
         st.changed.append(where)
         rewritten = where["within"] == FIRST_256 and ex.edges(i)[2] != last.edges(j)[2]
         fresh += _grown(t, where, rewritten)
@@ -445,21 +456,39 @@ def _carries_summary(ex: Exchange, index: int, conv: Conversation, cfg: Config) 
     )
 
 
-@dataclass(slots=True)
 class Between:
     """Rows that ran between a turn and the turn it links to."""
 
-    side_calls: list[int] = field(default_factory=list)
-    other_conversations: list[int] = field(default_factory=list)
-    other_domains: list[int] = field(default_factory=list)
-    entries: list[RingEntry] = field(default_factory=list)
-    side_entries: list[RingEntry] = field(default_factory=list)
-    """The entries of `side_calls`, `other_conversations` and `other_domains`: what
-    the findings look at, without sorting `entries` again."""
-    other_entries: list[RingEntry] = field(default_factory=list)
-    domain_entries: list[RingEntry] = field(default_factory=list)
-    last_same: str | None = None  # kind of the last same-model row in between
-    skipped: bool = False
+    __slots__ = (
+        "conversation",
+        "entries",
+        "last_same",
+        "other_conversations",
+        "other_domains",
+        "served",
+        "side_calls",
+        "skipped",
+    )
+
+    def __init__(
+        self,
+        side_calls: list[int],
+        other_conversations: list[int],
+        other_domains: list[int],
+        entries: list[RingEntry],
+        last_same: str | None = None,
+        skipped: bool = False,
+        served: str = "",
+        conversation: int | None = None,
+    ) -> None:
+        self.side_calls = side_calls
+        self.other_conversations = other_conversations
+        self.other_domains = other_domains
+        self.entries = entries
+        self.last_same = last_same  # kind of the last same-model row in between
+        self.skipped = skipped
+        self.served = served  # the turn's served model and conversation, which sort
+        self.conversation = conversation  # `entries` into the three kinds
 
     @property
     def would_cause(self) -> str | None:
@@ -470,46 +499,69 @@ class Between:
             return OTHER_MODEL
         return None
 
+    # The entries of `side_calls`, `other_conversations` and `other_domains`: what the
+    # findings look at for the few rows that lost their cache to them (made then).
 
-NOTHING_BETWEEN = Between()
+    @property
+    def side_entries(self) -> list[RingEntry]:
+        served = self.served
+        return [e for e in self.entries if e.served == served and e.kind == SIDE_CALL]
+
+    @property
+    def other_entries(self) -> list[RingEntry]:
+        served, conv = self.served, self.conversation
+        return [
+            e
+            for e in self.entries
+            if e.served == served
+            and e.kind != SIDE_CALL
+            and (e.kind == STATELESS or e.conversation != conv)
+        ]
+
+    @property
+    def domain_entries(self) -> list[RingEntry]:
+        served = self.served
+        return [e for e in self.entries if e.served != served]
+
+
+NOTHING_BETWEEN = Between([], [], [], [])
 """Shared by every turn that nothing ran before; never mutated."""
 
 
 def between(session: Session, since: int, served: str, conversation: int | None) -> Between:
     """Scan the session's recent rows back to the linked turn."""
     ring = session.ring
-    if (not ring or ring[-1].id <= since) and not (session.skipped and session.skipped[-1] > since):
+    skipped = session.skipped
+    sk = bool(skipped) and skipped[-1] > since
+    if (not ring or ring[-1].id <= since) and not sk:
         return NOTHING_BETWEEN  # the usual case
-    b = Between()
-    entries = b.entries
+    entries = []
     for e in reversed(ring):
         if e.id <= since:
             break
         entries.append(e)
     entries.reverse()
-    side, others, domains = b.side_calls, b.other_conversations, b.other_domains
-    side_e, others_e, domains_e = b.side_entries, b.other_entries, b.domain_entries
+    side: list[int] = []
+    others: list[int] = []
+    domains: list[int] = []
     last_same = None
     for e in entries:  # oldest first: the last one sets `last_same`
         if e.served == served:
-            if e.kind == SIDE_CALL:
+            kind = e.kind
+            if kind == SIDE_CALL:
                 side.append(e.id)
-                side_e.append(e)
                 last_same = SIDE_CALL
-            elif e.kind == STATELESS or e.conversation != conversation:
+            elif kind == STATELESS or e.conversation != conversation:
                 others.append(e.id)
-                others_e.append(e)
                 last_same = OTHER_CONVERSATION
         else:
             domains.append(e.id)
-            domains_e.append(e)
-    b.last_same = last_same
-    b.skipped = bool(session.skipped) and session.skipped[-1] > since
-    return b
+    return Between(side, others, domains, entries, last_same, sk, served, conversation)
 
 
-@dataclass(slots=True)
 class Verdict:
+    """A row's reuse, losses and cause (a plain class: most rows set few of them)."""
+
     predicted_reuse: float | None = None
     observed_reuse: float | None = None
     lost_client: Loss | None = None

@@ -245,7 +245,8 @@ class Overflow:
 
     def row(self, row: Row, num_ctx: int | None) -> bool:
         """Take one row; True when the server cut its prompt."""
-        self._session(row.session)
+        if row.session != self.session:
+            self._session(row.session)
         served = row.served
         self.served_by[row.model] = served
         a, b, c, d = row.composition

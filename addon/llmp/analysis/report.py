@@ -179,44 +179,55 @@ class Totals:
 
     def add(self, row: Row) -> None:
         """Sum one row into every total."""
+        # Every row comes here: the attributes are read once, the sums inlined.
         self.analysed += 1
         self.sessions.add(row.session)
         c = row.counts
-        cl = self.clients.get(row.client)
+        client = row.client
+        cl = self.clients.get(client)
         if cl is None:
-            cl = self.clients[row.client] = _Client(first_id=row.id)
+            cl = self.clients[client] = _Client(first_id=row.id)
         cl.requests += 1
-        unseen = self._unseen.get(row.api)
+        api = row.api
+        unseen = self._unseen.get(api)
         if unseen is None:
-            self.servers[row.api] = set()
-            unseen = self._unseen[row.api] = list(FIELDS)
-        if unseen:  # empty once the server has reported every field
-            reported = self.servers[row.api]
-            for f in [f for f in unseen if (v := getattr(c, f)) is not None and v[1] == SERVER]:
-                reported.add(f)
-                unseen.remove(f)
-        if c.prefill_ms is not None:
-            self.prefill.add(c.prefill_ms)
-        comp, total = row.composition, self.composition
-        total[0] += comp[0][0]
-        total[1] += comp[1][0]
-        total[2] += comp[2][0]
-        total[3] += comp[3][0]
-        if row.kind == TURN:
+            self.servers[api] = set()
+            unseen = self._unseen[api] = list(FIELDS)
+        for f in unseen:  # empty once the server has reported every field
+            v = getattr(c, f)
+            if v is not None and v[1] == SERVER:
+                reported = self.servers[api]
+                for g in [g for g in unseen if (v := getattr(c, g)) is not None and v[1] == SERVER]:
+                    reported.add(g)
+                    unseen.remove(g)
+                break
+        pre = c.prefill_ms
+        if pre is not None:
+            self.prefill.add(pre)
+        a, b, d, e = row.composition
+        total = self.composition
+        total[0] += a[0]
+        total[1] += b[0]
+        total[2] += d[0]
+        total[3] += e[0]
+        kind = row.kind
+        if kind == TURN:
             self.turns += 1
             # The server reported what decides reuse (Ollama's old builds only
             # the evaluated part, from which reuse is derived).
-            r, e = c.reused_tokens, c.evaluated_tokens
-            self.turns_with_reuse += r is not None and (
-                r[1] == SERVER or (e is not None and e[1] == SERVER)
-            )
-            self.turns_with_timing += c.prefill_ms is not None
+            r = c.reused_tokens
+            if r is not None and (
+                r[1] == SERVER or ((ev := c.evaluated_tokens) is not None and ev[1] == SERVER)
+            ):
+                self.turns_with_reuse += 1
+            if pre is not None:
+                self.turns_with_timing += 1
             if row.turn == 1:
                 self.conversations += 1
                 cl.conversations += 1
             if self.summaries:
                 self._conversation(row)
-        elif row.kind == "side_call":
+        elif kind == "side_call":
             self.side_calls += 1
         else:
             self.stateless += 1
