@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 class _Family:
     names: set[str]
     last_used: int = 0
+    widened: frozenset[str] | None = None
+    """The tool set `widen` last found in `names` (names only grow)."""
 
 
 @dataclass
@@ -58,8 +60,9 @@ class ClientRegistry:
         if family is None or not names:
             return
         fam = self._families[ua][family]
-        if not names <= fam.names:
+        if names is not fam.widened and not names <= fam.names:
             fam.names |= names
+        fam.widened = names  # a harness resends the same tools (the same cached set)
         self._clock += 1
         fam.last_used = self._clock
 
