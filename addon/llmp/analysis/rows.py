@@ -25,6 +25,36 @@ COMPOSITION = ("system", "tools", "history", "new_content")
 _HEADS: dict[tuple[str, str], bytes] = {}
 
 
+_TAIL: dict[str, Any] = dict.fromkeys(
+    (
+        "t_start_ms",
+        "kind",
+        "side_call_shape",
+        "session",
+        "conversation",
+        "turn",
+        "counts",
+        "composition",
+        "linked_to",
+        "new_conversation",
+        "prefix_tokens",
+        "break_cause",
+        "compaction",
+        "predicted_reuse",
+        "observed_reuse",
+        "cause",
+        "lost_client",
+        "lost_external",
+        "side_calls_between",
+        "other_conversations_between",
+        "other_domains_between",
+        "loss_measured",
+        "changed",
+    )
+)
+"""A row's fields after `client`, in the report's order, each null (`Row.tail`)."""
+
+
 @dataclass(slots=True)
 class Loss:
     """`lost_client` / `lost_external`: a cause, tokens, and ms when timed."""
@@ -86,69 +116,72 @@ class Row:
     def tail(self) -> dict[str, Any]:
         c = self.counts
         comp = self.composition
-        # Loss.as_json and measure.as_json inlined: this runs for every row.
-        return {
-            "t_start_ms": self.t_start_ms,
-            "kind": self.kind,
-            "side_call_shape": self.side_call_shape,
-            "session": self.session,
-            "conversation": self.conversation,
-            "turn": self.turn,
-            "counts": {
-                "prompt_tokens": None
-                if (v := c.prompt_tokens) is None
-                else {"value": v[0], "source": v[1]},
-                "completion_tokens": None
-                if (v := c.completion_tokens) is None
-                else {"value": v[0], "source": v[1]},
-                "reused_tokens": None
-                if (v := c.reused_tokens) is None
-                else {"value": v[0], "source": v[1]},
-                "evaluated_tokens": None
-                if (v := c.evaluated_tokens) is None
-                else {"value": v[0], "source": v[1]},
-                "prefill_ms": None
-                if (v := c.prefill_ms) is None
-                else {"value": v[0], "source": v[1]},
-                "decode_ms": None
-                if (v := c.decode_ms) is None
-                else {"value": v[0], "source": v[1]},
-                "load_ms": None if (v := c.load_ms) is None else {"value": v[0], "source": v[1]},
-            },
-            "composition": {
-                "system": {"value": comp[0][0], "source": comp[0][1]},
-                "tools": {"value": comp[1][0], "source": comp[1][1]},
-                "history": {"value": comp[2][0], "source": comp[2][1]},
-                "new_content": {"value": comp[3][0], "source": comp[3][1]},
-            },
-            "linked_to": self.linked_to,
-            "new_conversation": self.new_conversation,
-            "prefix_tokens": self.prefix_tokens,
-            "break_cause": self.break_cause,
-            "compaction": self.compaction,
-            "predicted_reuse": self.predicted_reuse,
-            "observed_reuse": self.observed_reuse,
-            "cause": self.cause,
-            "lost_client": None
-            if (lc := self.lost_client) is None
-            else {
+        # Runs for every row: a copy of the template (all its keys, in order, null)
+        # and the values set in place cost less than a 23-key literal, which grows
+        # its table as it goes; Loss.as_json and measure.as_json are inlined.
+        d = _TAIL.copy()
+        d["t_start_ms"] = self.t_start_ms
+        d["kind"] = self.kind
+        d["side_call_shape"] = self.side_call_shape
+        d["session"] = self.session
+        d["conversation"] = self.conversation
+        d["turn"] = self.turn
+        d["counts"] = {
+            "prompt_tokens": None
+            if (v := c.prompt_tokens) is None
+            else {"value": v[0], "source": v[1]},
+            "completion_tokens": None
+            if (v := c.completion_tokens) is None
+            else {"value": v[0], "source": v[1]},
+            "reused_tokens": None
+            if (v := c.reused_tokens) is None
+            else {"value": v[0], "source": v[1]},
+            "evaluated_tokens": None
+            if (v := c.evaluated_tokens) is None
+            else {"value": v[0], "source": v[1]},
+            "prefill_ms": None if (v := c.prefill_ms) is None else {"value": v[0], "source": v[1]},
+            "decode_ms": None if (v := c.decode_ms) is None else {"value": v[0], "source": v[1]},
+            "load_ms": None if (v := c.load_ms) is None else {"value": v[0], "source": v[1]},
+        }
+        d["composition"] = {
+            "system": {"value": comp[0][0], "source": comp[0][1]},
+            "tools": {"value": comp[1][0], "source": comp[1][1]},
+            "history": {"value": comp[2][0], "source": comp[2][1]},
+            "new_content": {"value": comp[3][0], "source": comp[3][1]},
+        }
+        if self.linked_to is not None:
+            d["linked_to"] = self.linked_to
+        d["new_conversation"] = self.new_conversation
+        if self.prefix_tokens is not None:
+            d["prefix_tokens"] = self.prefix_tokens
+        if self.break_cause is not None:
+            d["break_cause"] = self.break_cause
+        d["compaction"] = self.compaction
+        if self.predicted_reuse is not None:
+            d["predicted_reuse"] = self.predicted_reuse
+        if self.observed_reuse is not None:
+            d["observed_reuse"] = self.observed_reuse
+        if self.cause is not None:
+            d["cause"] = self.cause
+        if (lc := self.lost_client) is not None:
+            d["lost_client"] = {
                 "cause": lc.cause,
                 "tokens": lc.tokens,
                 "ms": None if (m := lc.ms) is None else {"value": m[0], "source": m[1]},
-            },
-            "lost_external": None
-            if (le := self.lost_external) is None
-            else {
+            }
+        if (le := self.lost_external) is not None:
+            d["lost_external"] = {
                 "cause": le.cause,
                 "tokens": le.tokens,
                 "ms": None if (m := le.ms) is None else {"value": m[0], "source": m[1]},
-            },
-            "side_calls_between": self.side_calls_between,
-            "other_conversations_between": self.other_conversations_between,
-            "other_domains_between": self.other_domains_between,
-            "loss_measured": self.loss_measured,
-            "changed": self.changed,
-        }
+            }
+        d["side_calls_between"] = self.side_calls_between
+        d["other_conversations_between"] = self.other_conversations_between
+        d["other_domains_between"] = self.other_domains_between
+        d["loss_measured"] = self.loss_measured
+        if self.changed is not None:
+            d["changed"] = self.changed
+        return d
 
     def spill_line(self) -> bytes:
         """`{"id":…,"api":…,"model":…,"client":\\0<marker>\\0,<the rest>}\\n`.
