@@ -36,7 +36,7 @@ both paths hand the engine the same objects.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any
 
 import msgspec
 import orjson
@@ -351,15 +351,15 @@ class Histories:
             or text.find(_MESSAGES_KEY, again + 1) >= 0
         ):
             return None  # a key said twice: the decode would keep the last one
-        return cut, Cut(text, p, q, key, last)
+        return cut, (text, p, q, key, last)
 
     def decode_cut(self, raw: msgspec.Raw, c: Cut) -> tuple[list[FastMsg], tuple[str, ...]] | None:
         """`decode` of a cut line's messages (`cut`): the known ones, then those after."""
-        _, prev, hashes = c.last
+        text, p, q, key, (_, prev, hashes) = c
         n = len(memoryview(raw))
         if n == 2:  # `[]`: no new message
             msgs = prev
-            end = c.q
+            end = q
         else:
             try:
                 more = _decode_msgs(raw)
@@ -369,11 +369,11 @@ class Histories:
                 return None
             msgs = prev + more
             hashes += tuple([m.hash for m in more])
-            end = c.q + n - 1
+            end = q + n - 1
         # The same key (the known messages are longer than it), last in the LRU order;
         # the text is a view of the line's (no copy).
-        del self._last[c.key]
-        self._last[c.key] = (memoryview(c.text)[c.p : end], msgs, hashes)
+        del self._last[key]
+        self._last[key] = (memoryview(text)[p:end], msgs, hashes)
         return msgs, hashes
 
 
@@ -381,15 +381,10 @@ _MESSAGES_KEY = b'"messages":'
 _TOKENS_KEY = b'"tokens":{'
 
 
-class Cut(NamedTuple):
-    """Where `Histories.cut` cut a line: its text, the messages' start, the end of
-    the known ones, their key and what is remembered under it."""
-
-    text: bytes
-    p: int
-    q: int
-    key: bytes
-    last: tuple[memoryview, list[FastMsg], tuple[str, ...]]
+Cut = tuple[bytes, int, int, bytes, tuple[memoryview, list[FastMsg], tuple[str, ...]]]
+"""Where `Histories.cut` cut a line: its text, the messages' start, the end of the
+known ones, their key and what is remembered under it (a plain tuple: one is made
+for most lines)."""
 
 
 class ToolLists:
