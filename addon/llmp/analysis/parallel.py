@@ -1,0 +1,598 @@
+"""`llmp analyze --jobs N`: sessions analysed in worker processes, one process's report.
+
+Sessions (R16) share almost nothing in the engine: the client registry (keys
+in order of first request, tool families a later session can join),
+conversation numbers that run across sessions, and the totals, findings and
+rows summed in `Engine._emit`.  So:
+
+1. `plan` finds the sessions as the reader would (`Recording.stream_sourced`:
+   the same file order, window and session starts), from each line's key
+   only, and keeps each session's lines as byte ranges of its files.
+2. A worker runs the engine over one session with a registry that hands out
+   local tokens and logs its calls, and writes what `_emit` is given (row,
+   what ran between, the few request fields the totals read), the refusals
+   and the registry's calls to a temporary file, in the order they happen.
+3. The parent takes the sessions in order, replays each log on the one real
+   registry, maps tokens to client keys and local conversation numbers to
+   global ones, and runs `_emit` as one process would have, in the same order.
+
+What the plan cannot prove the same as one process (a line the key scan took
+for a record that does not decode, more distinct tools arrays than the engine
+caches, `--html`'s "what changed") runs in one process instead, with one line
+on stderr.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import multiprocessing
+import os
+import pickle
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING, Any, cast
+
+from llmp.analysis.clients import ClientRegistry
+from llmp.analysis.config import Config
+from llmp.analysis.engine import Engine, Fed
+from llmp.analysis.exchange import Exchange, Tools, read_record
+from llmp.analysis.findings import Findings
+from llmp.analysis.reader import WINDOW_BYTES, WINDOW_LINES, ReadStats, Recording
+from llmp.format.lines import KEY_RE, key_and_record, line_key, parse_line, with_number_text
+
+if TYPE_CHECKING:
+    from llmp.analysis import Analysis
+    from llmp.analysis.loss import Between
+    from llmp.analysis.overflow import Refusal
+
+UNITS_PER_JOB = 4
+"""Units per worker, so that one long session does not leave the others idle."""
+UNIT_BYTES = 4 << 20
+"""The least a unit holds (bar the last): each costs a file and a task.
+`LLMP_ANALYZE_UNIT_BYTES` sets another (small recordings cut into units anyway)."""
+UNIT_BYTES_ENV = "LLMP_ANALYZE_UNIT_BYTES"
+TOOLS_CACHED = 4096
+"""Distinct tools arrays the engine keeps one object of (`exchange._tools_of`); beyond
+that its cache starts again and the family lookup's identity shortcut with it."""
+
+
+def parse_jobs(text: str) -> int | None:
+    """`--jobs`: a count of 1 or more, or `auto` (the machine's cores); None if neither."""
+    if text == "auto":
+        return os.cpu_count() or 1
+    try:
+        n = int(text)
+    except ValueError:
+        return None
+    return n if n >= 1 else None
+
+
+# -- the plan: sessions as byte ranges ---------------------------------------
+
+
+Run = tuple[int, int, int, int, bool]
+"""`(session, file, start, end, direct)`: whole lines of one file and one session, read
+in file order; `direct` says they left the reader at once (a line parsed for its key
+stays that parse) rather than through its window or its exact order (every line read
+with `read`)."""
+
+
+@dataclass(slots=True)
+class Unit:
+    """Consecutive sessions for one worker: their lines, in the reader's order."""
+
+    runs: list[Run] = field(default_factory=list)
+    records: int = 0
+    size: int = 0
+
+    def add(self, session: int, fi: int, start: int, n: int, direct: bool) -> None:
+        self.records += 1
+        self.size += n
+        runs = self.runs
+        if runs:
+            se, f, s, e, d = runs[-1]
+            if se == session and f == fi and e == start and d == direct:
+                runs[-1] = (se, f, s, start + n, d)
+                return
+        runs.append((session, fi, start, start + n, direct))
+
+
+@dataclass
+class Plan:
+    """The units, and the reader's counts as one process would make them."""
+
+    files: list[str]
+    """The file read for each of the paths given (standard input spooled)."""
+    units: list[Unit]
+    stats: ReadStats
+
+
+class _Cut:
+    """Releases into units of whole sessions of about `size` bytes each."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.units: list[Unit] = []
+        self.session = 0
+        self._last_id: int | None = None
+
+    def __call__(self, rid: int, fi: int, start: int, n: int, direct: bool) -> None:
+        last = self._last_id
+        if last is None or rid <= last:  # R16: a new session
+            self.session += 1
+            if not self.units or self.units[-1].size >= self.size:
+                self.units.append(Unit())
+        self._last_id = rid
+        self.units[-1].add(self.session, fi, start, n, direct)
+
+
+def plan(
+    rec: Recording,
+    size: int,
+    window_lines: int = WINDOW_LINES,
+    window_bytes: int = WINDOW_BYTES,
+) -> Plan:
+    """The sessions of an open `Recording` as `read_sourced` finds them, cut into units
+    of about `size` bytes of whole sessions.
+
+    From each line's key only: a line that matches the recorder's key is taken for a
+    record here, and the worker checks that it decodes (else the plan is void).  The
+    first pass follows `stream_sourced`; where a line sorts before one released, the
+    reader would start again in exact order (`exact_sourced`), and so does the plan.
+    """
+    try:
+        cut = _Cut(size)
+        stats = _stream(rec, cut, window_lines, window_bytes)
+    except _Exact:
+        cut = _Cut(size)
+        stats = _exact(rec, cut)
+    stats.records = sum(u.records for u in cut.units)
+    stats.sessions = cut.session
+    return Plan(rec.files(), cut.units, stats)
+
+
+class _Exact(Exception):
+    """A line sorts before one already released: the reader's exact order."""
+
+
+def _stream(rec: Recording, release: _Cut, window_lines: int, window_bytes: int) -> ReadStats:
+    """`Recording.stream_sourced` on keys."""
+    stats = ReadStats(bytes_total=rec.stats.bytes_total)
+    heap: list[tuple[int, int, int, int, int, int]] = []
+    held = seq = 0
+    last_key: tuple[int, int] | None = None
+    last_id: int | None = None
+    match = KEY_RE.match
+    for fi, path in rec.ordered():
+        with open(path, "rb") as f:
+            off = 0
+            for line in f:
+                start = off
+                n = len(line)
+                off += n
+                m = match(line)
+                key: tuple[int, int] | None
+                if m is not None:
+                    v, rid_text, t_text = m.groups()
+                    if v != b"1":
+                        stats.bad_lines += 1
+                        continue
+                    key = (int(t_text), int(rid_text))
+                else:
+                    if line[:1] != b"{" and not line.strip():
+                        continue
+                    key = key_and_record(line)[0]
+                    if key is None:
+                        stats.bad_lines += 1
+                        continue
+                if last_key is not None and key < last_key:
+                    raise _Exact
+                rid = key[1]
+                if not heap and (rid == 1 or (last_id is not None and rid == last_id + 1)):
+                    release(rid, fi, start, n, True)
+                    last_key, last_id = key, rid
+                    continue
+                seq += 1
+                heapq.heappush(heap, (key[0], rid, seq, fi, start, n))
+                held += n
+                while heap:
+                    rid = heap[0][1]
+                    if not (
+                        rid == 1
+                        or (last_id is not None and rid == last_id + 1)
+                        or len(heap) > window_lines
+                        or held > window_bytes
+                    ):
+                        break
+                    t, rid, _, src, s0, n0 = heapq.heappop(heap)
+                    held -= n0
+                    release(rid, src, s0, n0, False)
+                    last_key, last_id = (t, rid), rid
+    while heap:
+        t, rid, _, src, s0, n0 = heapq.heappop(heap)
+        release(rid, src, s0, n0, False)
+    return stats
+
+
+def _exact(rec: Recording, release: _Cut) -> ReadStats:
+    """`Recording.exact_sourced` on keys: an index of every line, sorted."""
+    stats = ReadStats(bytes_total=rec.stats.bytes_total, exact=True)
+    index: list[tuple[int, int, int, int, int]] = []
+    for fi, path in enumerate(rec.files()):
+        with open(path, "rb") as f:
+            off = 0
+            for line in f:
+                n = len(line)
+                if line.strip():
+                    key = line_key(line)
+                    if key is None:
+                        stats.bad_lines += 1
+                    else:
+                        index.append((key[0], key[1], fi, off, n))
+                off += n
+    index.sort()
+    for _, rid, fi, off, n in index:
+        release(rid, fi, off, n, False)
+    return stats
+
+
+# -- the worker ----------------------------------------------------------------
+
+
+class _Void(Exception):
+    """What the plan took for a record did not decode: the plan is not the reader's."""
+
+
+@dataclass(slots=True)
+class _Seen:
+    """What `Engine._emit` reads of a row's request besides the row."""
+
+    stored_prompt: int
+    tools: Tools | None
+    """None when it is the engine's cached object of `tools_hash` (shared by requests)."""
+    tools_hash: str | None
+    t_start: int
+    out_tool_names: Any
+    num_ctx: int | None
+
+
+class _Cache(dict[str, Tools]):
+    """The engine's tools cache, noting what it made (`exchange._tools_of`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_names: dict[int, str] = {}
+        self.restarted = False
+
+    def __setitem__(self, key: str, value: Tools) -> None:
+        super().__setitem__(key, value)
+        self.by_names[id(value.names)] = key
+
+    def clear(self) -> None:
+        self.restarted = True
+        super().clear()
+
+
+class _Log:
+    """Events, each pickled when it happens (later changes to a row's ring entries must
+    not reach what was emitted before them)."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self._dump = pickle.Pickler  # one pickler per event: no memo across events
+        self._out = out
+
+    def __call__(self, event: tuple[Any, ...]) -> None:
+        self._dump(self._out, pickle.HIGHEST_PROTOCOL).dump(event)
+
+
+class _LoggingRegistry(ClientRegistry):
+    """Tokens for families and keys, and a log of the calls for the real registry."""
+
+    def __init__(self, log: _Log, cache: _Cache) -> None:
+        super().__init__()
+        self._log = log
+        self._cache = cache
+        self._n_families = 0
+        self._n_keys = 0
+
+    def family_for(self, ua: str | None, names: frozenset[str]) -> int | None:
+        if not names:
+            return None
+        token = self._n_families
+        self._n_families += 1
+        th = self._cache.by_names.get(id(names))
+        self._log(("f", token, ua, names if th is None else None, th))
+        return token
+
+    def widen(self, ua: str | None, family: int | None, names: frozenset[str]) -> None:
+        if family is not None and names:
+            self._log(("w", ua, family, names))
+
+    def key(self, ua: str | None, family: int | None) -> int:
+        token = self._n_keys
+        self._n_keys += 1
+        self._log(("k", token, ua, family))
+        return token
+
+
+class _LoggedRefusals(Findings):
+    def __init__(self, cfg: Config, log: _Log) -> None:
+        super().__init__(cfg)
+        self._log = log
+
+    def refused(self, session: int, record_id: int, refusal: Refusal) -> None:
+        self._log(("r", session, record_id, refusal))
+
+
+class _UnitEngine(Engine):
+    """The engine over one session, whose `_emit` logs what it is given."""
+
+    def __init__(self, cfg: Config, log: _Log) -> None:
+        super().__init__(cfg, spill=False, summaries=False)
+        self._log = log
+        self._tools_cache = self.cache = _Cache()
+        self.clients = _LoggingRegistry(log, self.cache)
+        self.findings = _LoggedRefusals(self.cfg, log)
+
+    def _emit(self, fed: Fed) -> None:
+        ex = fed.exchange
+        tools = ex.tools
+        th = tools.hash
+        cached = th is not None and self.cache.get(th) is tools
+        seen = _Seen(
+            ex.stored_prompt,
+            None if cached else tools,
+            th,
+            ex.t_start,
+            ex.out_tool_names,
+            ex.num_ctx,
+        )
+        self._log(("e", fed.row, fed.between, seen))
+
+
+@dataclass
+class _Done:
+    """A worker's session: its log, and what the parent sums besides the log."""
+
+    log: str
+    conversations: int
+    records: int
+    start_ms: int | None
+    end_ms: int | None
+    skipped: Counter[str]
+    paths: Counter[str]
+    tools: dict[str, Tools]
+    void: bool
+
+
+def _lines(f: IO[bytes], start: int, end: int) -> Iterator[bytes]:
+    f.seek(start)
+    pos = start
+    readline = f.readline
+    while pos < end:
+        line = readline()
+        if not line:
+            return
+        pos += len(line)
+        yield line
+
+
+def _work(files: list[str], unit: Unit, cfg: Config, fast: bool, log_path: str) -> _Done:
+    """Analyse one unit's sessions (in a worker process) into the log at `log_path`."""
+    gc.disable()  # as `analyze` does: records make no cycles
+    read: Callable[[bytes], Any] = read_record if fast else parse_line
+    match = KEY_RE.match
+    with open(log_path, "wb", buffering=1 << 20) as out:
+        engine = _UnitEngine(cfg, _Log(out))
+        void = False
+        handles: dict[int, IO[bytes]] = {}
+        try:
+            for session, fi, start, end, direct in unit.runs:
+                f = handles.get(fi)
+                if f is None:
+                    f = handles[fi] = open(files[fi], "rb")  # closed below
+                engine.recording = fi
+                for line in _lines(f, start, end):
+                    if direct and match(line) is None:
+                        parsed = key_and_record(line)[1]
+                        assert parsed is not None
+                        rec = with_number_text(parsed, line)
+                    else:
+                        rec = read(line)
+                        if rec is None:
+                            raise _Void
+                    engine.feed(session, rec)
+            engine.flush()
+        except _Void:
+            void = True
+        finally:
+            for f in handles.values():
+                f.close()
+    totals = engine.totals
+    return _Done(
+        log_path,
+        engine.conversations,
+        totals.records,
+        totals.start_ms,
+        totals.end_ms,
+        totals.skipped,
+        totals.paths,
+        dict(engine.cache),
+        void or engine.cache.restarted,
+    )
+
+
+# -- the parent ----------------------------------------------------------------
+
+
+def _events(path: str) -> Iterator[tuple[Any, ...]]:
+    with open(path, "rb", buffering=1 << 20) as f:
+        load = pickle.Unpickler
+        while True:
+            try:
+                yield load(f).load()
+            except EOFError:
+                return
+
+
+class _Replay:
+    """The one real registry, tools objects and conversation numbers, session after session."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.tools: dict[str, Tools] = {}
+        """Per tools hash, the one object one process would have cached (its first)."""
+        self.offset = 0
+
+    def unit(self, done: _Done) -> None:
+        engine = self.engine
+        for th, cached in done.tools.items():
+            self.tools.setdefault(th, cached)
+        registry = engine.clients
+        families: dict[int, int | None] = {}
+        keys: dict[int, int] = {}
+        offset = self.offset
+        tools = self.tools
+        emit = engine._emit
+        for event in _events(done.log):
+            tag = event[0]
+            if tag == "e":
+                row, btw, seen = event[1], event[2], event[3]
+                row.client = keys[row.client]
+                if row.conversation is not None:
+                    row.conversation += offset
+                if btw is not None:
+                    _remap(btw, keys, offset)
+                if seen.tools is None:
+                    seen.tools = tools[seen.tools_hash]
+                emit(Fed(row, btw, cast(Exchange, seen)))
+            elif tag == "k":
+                fam = event[3]
+                keys[event[1]] = registry.key(event[2], None if fam is None else families[fam])
+            elif tag == "f":
+                names = event[3] if event[4] is None else tools[event[4]].names
+                families[event[1]] = registry.family_for(event[2], names)
+            elif tag == "w":
+                registry.widen(event[1], families[event[2]], event[3])
+            else:  # "r"
+                engine.findings.refused(event[1], event[2], event[3])
+        self.offset += done.conversations
+        engine.conversations = self.offset
+        totals = engine.totals
+        totals.records += done.records
+        for t in (done.start_ms, done.end_ms):
+            if t is not None:
+                if totals.start_ms is None or t < totals.start_ms:
+                    totals.start_ms = t
+                if totals.end_ms is None or t > totals.end_ms:
+                    totals.end_ms = t
+        totals.skipped.update(done.skipped)
+        totals.paths.update(done.paths)
+
+
+def _remap(btw: Between, keys: dict[int, int], offset: int) -> None:
+    """Ring entries with real client keys and conversation numbers, each entry once
+    (the lists share them)."""
+    done: set[int] = set()
+    for entries in (btw.entries, btw.side_entries, btw.other_entries, btw.domain_entries):
+        for e in entries:
+            if id(e) in done:
+                continue
+            done.add(id(e))
+            e.client = keys[e.client]
+            if e.conversation is not None:
+                e.conversation += offset
+
+
+def one_process(reason: str) -> None:
+    """Say once on stderr why `--jobs` ran in one process."""
+    print(f"llmp analyze: --jobs: {reason}; analysed in one process", file=sys.stderr)
+
+
+def analyze_parallel(
+    paths: Sequence[str],
+    cfg: Config | None,
+    jobs: int,
+    *,
+    stdin: IO[bytes] | None = None,
+    window_lines: int | None = None,
+    rows: bool = True,
+    summaries: bool | None = None,
+    keep: bool = False,
+    fast: bool = True,
+    alone: Callable[[list[str]], Analysis],
+) -> Analysis:
+    """`analyze(...)` with sessions in up to `jobs` processes.
+
+    `alone(files)` is the one-process analysis of the files to read (standard input
+    spooled): what runs when the plan proves void (said on stderr) or makes one unit.
+    """
+    from llmp.analysis import Analysis
+
+    cfg = cfg or Config()
+    with Recording(paths, progress=False, stdin=stdin) as rec:
+        least = int(os.environ.get(UNIT_BYTES_ENV) or UNIT_BYTES)
+        size = max(rec.stats.bytes_total // (jobs * UNITS_PER_JOB), least)
+        found = plan(rec, size, window_lines or WINDOW_LINES)
+        if len(found.units) < 2:
+            return _alone(alone, rec.files(), paths)
+        want = not rows if summaries is None else summaries
+        engine = Engine(cfg, spill=rows, summaries=want, keep=keep)
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with tempfile.TemporaryDirectory(prefix="llmp-jobs-") as tmp:
+                ok = _run(found, engine, cfg, min(jobs, len(found.units)), fast, tmp)
+        except BaseException:
+            engine.close()
+            raise
+        finally:
+            if was_enabled:
+                gc.enable()
+        if not ok:
+            engine.close()
+            return _alone(alone, rec.files(), paths)
+    return Analysis(engine, found.stats, None, list(paths))
+
+
+def _alone(
+    alone: Callable[[list[str]], Analysis], files: list[str], paths: Sequence[str]
+) -> Analysis:
+    result = alone(files)
+    result.paths = list(paths)
+    return result
+
+
+def _run(found: Plan, engine: Engine, cfg: Config, workers: int, fast: bool, tmp: str) -> bool:
+    ctx = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
+    if os.name == "posix":
+        ctx.set_forkserver_preload(["llmp.analysis.parallel"])  # imported once, not per worker
+    replay = _Replay(engine)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures: list[Future[_Done]] = [
+            pool.submit(_work, found.files, unit, cfg, fast, os.path.join(tmp, f"{i}.pickle"))
+            for i, unit in enumerate(found.units)
+        ]
+        try:
+            for fut in futures:
+                done = fut.result()
+                if done.void:
+                    one_process("a line that looks like a record does not decode")
+                    return False
+                replay.unit(done)
+                os.unlink(done.log)
+                if len(replay.tools) > TOOLS_CACHED:
+                    one_process(f"more than {TOOLS_CACHED} distinct tools arrays")
+                    return False
+        finally:
+            for fut in futures:
+                fut.cancel()
+    return True
+
+
+__all__ = ["Plan", "Unit", "analyze_parallel", "one_process", "parse_jobs", "plan"]
