@@ -211,6 +211,30 @@ def test_the_same_tools_array_joins_the_family_it_joined_before(
     assert replayed
 
 
+def three_at_once() -> sc.Traffic:
+    """Three conversations taking turns on one server: each turn's "between" holds the
+    other two's last turns, so consecutive rows share ring entries."""
+    tr = sc.Traffic()
+    srv = sc.LlamaServer()
+    agents = [
+        sc.Agent(tr, srv, ua=f"agent{k}/1.0", system=f"You are agent {k}. " * 40) for k in range(3)
+    ]
+    for i in range(3):
+        for k, agent in enumerate(agents):
+            sc.work(agent, 1, seed=f"a{k}t{i}")
+    return tr
+
+
+def test_rows_that_saw_the_same_rows_between(tmp_path: Path, replayed: list[int]) -> None:
+    """In a later unit (its client keys and conversation numbers not the worker's)."""
+    first = sc.clean_chat().lines("digest", "id")
+    lines = first + three_at_once().lines("digest", "id")
+    paths = write(tmp_path, layout(lines, [len(first)], 2))
+    one = report(paths, 1)
+    assert report(paths, 2) == one
+    assert len(replayed) >= 2
+
+
 @pytest.mark.parametrize("name", ["both_agents", "two_harnesses", "llama_refusing"])
 def test_the_readable_report_is_the_same(name: str, tmp_path: Path, replayed: list[int]) -> None:
     lines = TRAFFIC[name]().lines("mixed", "id")

@@ -34,7 +34,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from llmp.analysis.clients import ClientRegistry
@@ -42,12 +42,13 @@ from llmp.analysis.config import Config
 from llmp.analysis.engine import Engine, Fed
 from llmp.analysis.exchange import Exchange, Tools, read_record
 from llmp.analysis.findings import Findings
+from llmp.analysis.linking import RingEntry
+from llmp.analysis.loss import Between
 from llmp.analysis.reader import WINDOW_BYTES, WINDOW_LINES, ReadStats, Recording
 from llmp.format.lines import KEY_RE, key_and_record, line_key, parse_line, with_number_text
 
 if TYPE_CHECKING:
     from llmp.analysis import Analysis
-    from llmp.analysis.loss import Between
     from llmp.analysis.overflow import Refusal
 
 UNITS_PER_JOB = 4
@@ -113,22 +114,39 @@ class Plan:
 
 
 class _Cut:
-    """Releases into units of whole sessions of about `size` bytes each."""
+    """Releases into units of whole sessions of about `size` bytes each; `ready` gets
+    each unit once the next one starts (so only when there are two or more)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, ready: Callable[[Unit], None]) -> None:
         self.size = size
         self.units: list[Unit] = []
         self.session = 0
         self._last_id: int | None = None
+        self._ready = ready
 
     def __call__(self, rid: int, fi: int, start: int, n: int, direct: bool) -> None:
         last = self._last_id
         if last is None or rid <= last:  # R16: a new session
             self.session += 1
-            if not self.units or self.units[-1].size >= self.size:
-                self.units.append(Unit())
+            units = self.units
+            if not units or units[-1].size >= self.size:
+                if units:
+                    self._ready(units[-1])
+                units.append(Unit())
         self._last_id = rid
         self.units[-1].add(self.session, fi, start, n, direct)
+
+    def end(self) -> None:
+        if len(self.units) > 1:
+            self._ready(self.units[-1])
+
+
+def _ignore(unit: Unit) -> None:
+    pass
+
+
+def _ignore_restart() -> None:
+    pass
 
 
 def plan(
@@ -136,6 +154,9 @@ def plan(
     size: int,
     window_lines: int = WINDOW_LINES,
     window_bytes: int = WINDOW_BYTES,
+    *,
+    ready: Callable[[Unit], None] = _ignore,
+    restart: Callable[[], None] = _ignore_restart,
 ) -> Plan:
     """The sessions of an open `Recording` as `read_sourced` finds them, cut into units
     of about `size` bytes of whole sessions.
@@ -143,14 +164,17 @@ def plan(
     From each line's key only: a line that matches the recorder's key is taken for a
     record here, and the worker checks that it decodes (else the plan is void).  The
     first pass follows `stream_sourced`; where a line sorts before one released, the
-    reader would start again in exact order (`exact_sourced`), and so does the plan.
+    reader would start again in exact order (`exact_sourced`), and so does the plan,
+    after calling `restart` (the units given to `ready` so far are void).
     """
     try:
-        cut = _Cut(size)
+        cut = _Cut(size, ready)
         stats = _stream(rec, cut, window_lines, window_bytes)
     except _Exact:
-        cut = _Cut(size)
+        restart()
+        cut = _Cut(size, ready)
         stats = _exact(rec, cut)
+    cut.end()
     stats.records = sum(u.records for u in cut.units)
     stats.sessions = cut.session
     return Plan(rec.files(), cut.units, stats)
@@ -279,15 +303,25 @@ class _Cache(dict[str, Tools]):
 
 
 class _Log:
-    """Events, each pickled when it happens (later changes to a row's ring entries must
-    not reach what was emitted before them)."""
+    """Events, pickled a batch at a time (one memo: the tools, names and models that
+    the events of a batch share are written once)."""
+
+    BATCH = 1024
 
     def __init__(self, out: IO[bytes]) -> None:
-        self._dump = pickle.Pickler  # one pickler per event: no memo across events
         self._out = out
+        self.batch: list[tuple[Any, ...]] = []
 
     def __call__(self, event: tuple[Any, ...]) -> None:
-        self._dump(self._out, pickle.HIGHEST_PROTOCOL).dump(event)
+        batch = self.batch
+        batch.append(event)
+        if len(batch) >= self.BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.batch:
+            pickle.dump(self.batch, self._out, pickle.HIGHEST_PROTOCOL)
+            self.batch = []
 
 
 class _LoggingRegistry(ClientRegistry):
@@ -340,6 +374,10 @@ class _UnitEngine(Engine):
         self.findings = _LoggedRefusals(self.cfg, log)
 
     def _emit(self, fed: Fed) -> None:
+        btw = fed.between
+        held = self._held
+        if btw is not None and held is not None and any(e is held.entry for e in btw.entries):
+            btw = _frozen(btw, held.entry)
         ex = fed.exchange
         tools = ex.tools
         th = tools.hash
@@ -352,7 +390,33 @@ class _UnitEngine(Engine):
             ex.out_tool_names,
             ex.num_ctx,
         )
-        self._log(("e", fed.row, fed.between, seen))
+        self._log(("e", fed.row, btw, seen))
+
+
+def _frozen(btw: Between, entry: RingEntry) -> Between:
+    """`btw` with a copy of the held first turn's ring entry, which the engine changes
+    when it proves a side-call (`Engine._decide_held`) after rows that saw it as it
+    was: the log is pickled later."""
+    copy = RingEntry(
+        entry.id,
+        entry.served,
+        entry.kind,
+        entry.conversation,
+        entry.shape,
+        entry.client,
+        entry.model,
+    )
+
+    def swap(entries: list[RingEntry]) -> list[RingEntry]:
+        return [copy if e is entry else e for e in entries]
+
+    return replace(
+        btw,
+        entries=swap(btw.entries),
+        side_entries=swap(btw.side_entries),
+        other_entries=swap(btw.other_entries),
+        domain_entries=swap(btw.domain_entries),
+    )
 
 
 @dataclass
@@ -408,6 +472,7 @@ def _work(files: list[str], unit: Unit, cfg: Config, fast: bool, log_path: str) 
                             raise _Void
                     engine.feed(session, rec)
             engine.flush()
+            engine._log.flush()
         except _Void:
             void = True
         finally:
@@ -430,12 +495,11 @@ def _work(files: list[str], unit: Unit, cfg: Config, fast: bool, log_path: str) 
 # -- the parent ----------------------------------------------------------------
 
 
-def _events(path: str) -> Iterator[tuple[Any, ...]]:
+def _batches(path: str) -> Iterator[list[tuple[Any, ...]]]:
     with open(path, "rb", buffering=1 << 20) as f:
-        load = pickle.Unpickler
         while True:
             try:
-                yield load(f).load()
+                yield pickle.load(f)
             except EOFError:
                 return
 
@@ -459,7 +523,7 @@ class _Replay:
         offset = self.offset
         tools = self.tools
         emit = engine._emit
-        for event in _events(done.log):
+        for event, seen_entries in _events(done.log):
             tag = event[0]
             if tag == "e":
                 row, btw, seen = event[1], event[2], event[3]
@@ -467,7 +531,7 @@ class _Replay:
                 if row.conversation is not None:
                     row.conversation += offset
                 if btw is not None:
-                    _remap(btw, keys, offset)
+                    _remap(btw, keys, offset, seen_entries)
                 if seen.tools is None:
                     seen.tools = tools[seen.tools_hash]
                 emit(Fed(row, btw, cast(Exchange, seen)))
@@ -495,10 +559,17 @@ class _Replay:
         totals.paths.update(done.paths)
 
 
-def _remap(btw: Between, keys: dict[int, int], offset: int) -> None:
-    """Ring entries with real client keys and conversation numbers, each entry once
-    (the lists share them)."""
-    done: set[int] = set()
+def _events(path: str) -> Iterator[tuple[tuple[Any, ...], set[int]]]:
+    """The events of a log, each with the ring entries of its batch remapped so far
+    (the rows of a batch share entries: each is remapped once)."""
+    for batch in _batches(path):
+        remapped: set[int] = set()  # ids of objects the batch keeps alive
+        for event in batch:
+            yield event, remapped
+
+
+def _remap(btw: Between, keys: dict[int, int], offset: int, done: set[int]) -> None:
+    """Ring entries with real client keys and conversation numbers, each entry once."""
     for entries in (btw.entries, btw.side_entries, btw.other_entries, btw.domain_entries):
         for e in entries:
             if id(e) in done:
@@ -535,10 +606,16 @@ def analyze_parallel(
     from llmp.analysis import Analysis
 
     cfg = cfg or Config()
-    with Recording(paths, progress=False, stdin=stdin) as rec:
+    with (
+        Recording(paths, progress=False, stdin=stdin) as rec,
+        tempfile.TemporaryDirectory(prefix="llmp-jobs-") as tmp,
+        _Pool(jobs, rec.files(), cfg, fast, tmp) as pool,
+    ):
         least = int(os.environ.get(UNIT_BYTES_ENV) or UNIT_BYTES)
         size = max(rec.stats.bytes_total // (jobs * UNITS_PER_JOB), least)
-        found = plan(rec, size, window_lines or WINDOW_LINES)
+        found = plan(
+            rec, size, window_lines or WINDOW_LINES, ready=pool.submit, restart=pool.restart
+        )
         if len(found.units) < 2:
             return _alone(alone, rec.files(), paths)
         want = not rows if summaries is None else summaries
@@ -546,8 +623,7 @@ def analyze_parallel(
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            with tempfile.TemporaryDirectory(prefix="llmp-jobs-") as tmp:
-                ok = _run(found, engine, cfg, min(jobs, len(found.units)), fast, tmp)
+            ok = pool.replay(engine)
         except BaseException:
             engine.close()
             raise
@@ -568,31 +644,58 @@ def _alone(
     return result
 
 
-def _run(found: Plan, engine: Engine, cfg: Config, workers: int, fast: bool, tmp: str) -> bool:
-    ctx = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
-    if os.name == "posix":
-        ctx.set_forkserver_preload(["llmp.analysis.parallel"])  # imported once, not per worker
-    replay = _Replay(engine)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures: list[Future[_Done]] = [
-            pool.submit(_work, found.files, unit, cfg, fast, os.path.join(tmp, f"{i}.pickle"))
-            for i, unit in enumerate(found.units)
-        ]
-        try:
-            for fut in futures:
-                done = fut.result()
-                if done.void:
-                    one_process("a line that looks like a record does not decode")
-                    return False
-                replay.unit(done)
-                os.unlink(done.log)
-                if len(replay.tools) > TOOLS_CACHED:
-                    one_process(f"more than {TOOLS_CACHED} distinct tools arrays")
-                    return False
-        finally:
-            for fut in futures:
-                fut.cancel()
-    return True
+class _Pool:
+    """Worker processes, started with the first unit the plan makes ready."""
+
+    def __init__(self, jobs: int, files: list[str], cfg: Config, fast: bool, tmp: str) -> None:
+        self.jobs = jobs
+        self.files = files
+        self.cfg = cfg
+        self.fast = fast
+        self.tmp = tmp
+        self._pool: ProcessPoolExecutor | None = None
+        self.futures: list[Future[_Done]] = []
+        self._n = 0
+
+    def __enter__(self) -> _Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restart()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def submit(self, unit: Unit) -> None:
+        pool = self._pool
+        if pool is None:
+            ctx = multiprocessing.get_context("forkserver" if os.name == "posix" else "spawn")
+            if os.name == "posix":
+                ctx.set_forkserver_preload(["llmp.analysis.parallel"])  # once, not per worker
+            pool = self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx)
+        self._n += 1
+        log = os.path.join(self.tmp, f"{self._n}.pickle")
+        self.futures.append(pool.submit(_work, self.files, unit, self.cfg, self.fast, log))
+
+    def restart(self) -> None:
+        """Drop the units submitted so far (what still runs is let finish, unread)."""
+        for fut in self.futures:
+            fut.cancel()
+        self.futures = []
+
+    def replay(self, engine: Engine) -> bool:
+        """Each unit's log into `engine`, in order; False when one process must do it."""
+        replay = _Replay(engine)
+        for fut in self.futures:
+            done = fut.result()
+            if done.void:
+                one_process("a line that looks like a record does not decode")
+                return False
+            replay.unit(done)
+            os.unlink(done.log)
+            if len(replay.tools) > TOOLS_CACHED:
+                one_process(f"more than {TOOLS_CACHED} distinct tools arrays")
+                return False
+        return True
 
 
 __all__ = ["Plan", "Unit", "analyze_parallel", "one_process", "parse_jobs", "plan"]
