@@ -235,6 +235,31 @@ def test_rows_that_saw_the_same_rows_between(tmp_path: Path, replayed: list[int]
     assert len(replayed) >= 2
 
 
+def evicted_by_a_title_call() -> sc.Traffic:
+    """A first turn held back evicts another client's cache; that client's next turn is
+    a row before the held one proves a title side-call, and its finding counts the
+    held turn as the other conversation it then was."""
+    tr = sc.Traffic()
+    srv = sc.LlamaServer()
+    y = sc.Agent(tr, srv, ua="other/1.0", system="You are agent Y. " * 40)
+    sc.work(y, 1, seed="y0")
+    title = sc.Agent(tr, srv, system="You generate a short title. ", tools=None)
+    title.turn(sc.text("title ask", 200), "A title")
+    sc.work(y, 1, seed="y1")
+    sc.work(sc.Agent(tr, srv), 2, seed="x")
+    return tr
+
+
+def test_a_held_turn_seen_before_it_proves_a_side_call(tmp_path: Path, replayed: list[int]) -> None:
+    first = sc.clean_chat().lines("digest", "id")
+    lines = first + sc.shifted(evicted_by_a_title_call(), 1).lines("digest", "id")
+    paths = write(tmp_path, layout(lines, [len(first)], 2))
+    one = report(paths, 1)
+    assert b'"other_conversations":1' in one
+    assert report(paths, 2) == one
+    assert replayed
+
+
 @pytest.mark.parametrize("name", ["both_agents", "two_harnesses", "llama_refusing"])
 def test_the_readable_report_is_the_same(name: str, tmp_path: Path, replayed: list[int]) -> None:
     lines = TRAFFIC[name]().lines("mixed", "id")
