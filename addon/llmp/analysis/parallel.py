@@ -29,6 +29,7 @@ import heapq
 import multiprocessing
 import os
 import pickle
+import re
 import sys
 import tempfile
 from collections import Counter
@@ -45,7 +46,7 @@ from llmp.analysis.findings import Findings
 from llmp.analysis.linking import RingEntry
 from llmp.analysis.loss import Between
 from llmp.analysis.reader import WINDOW_BYTES, WINDOW_LINES, ReadStats, Recording
-from llmp.format.lines import KEY_RE, key_and_record, line_key, parse_line, with_number_text
+from llmp.format.lines import KEY_RE, key_and_record, parse_line, with_number_text
 
 if TYPE_CHECKING:
     from llmp.analysis import Analysis
@@ -184,6 +185,44 @@ class _Exact(Exception):
     """A line sorts before one already released: the reader's exact order."""
 
 
+BLOCK = 4 << 20
+BLANK = (0, -1)
+"""What `_key` says of a blank line (the reader skips those without counting them)."""
+
+
+def _spans(f: IO[bytes]) -> Iterator[tuple[int, int, bytes, int]]:
+    """Each line of a file as the reader splits them (the last maybe without its `\n`):
+    its offset and length, and a block that holds it at a position (no bytes object
+    per line: most lines only have their key matched in place)."""
+    buf = b""
+    pos = base = 0  # base: the file offset of buf[0]
+    while chunk := f.read(BLOCK):
+        base += pos
+        buf = buf[pos:] + chunk if pos < len(buf) else chunk
+        pos = 0
+        find = buf.find
+        while (end := find(b"\n", pos)) >= 0:
+            end += 1
+            yield base + pos, end - pos, buf, pos
+            pos = end
+    if pos < len(buf):
+        yield base + pos, len(buf) - pos, buf, pos
+
+
+def _key(
+    buf: bytes, pos: int, n: int, match: Callable[[bytes, int], re.Match[bytes] | None]
+) -> tuple[int, int] | None:
+    """`format.lines.line_key` of the line at `pos`; `BLANK` (by identity) for a blank one."""
+    m = match(buf, pos)
+    if m is not None:
+        v, rid_text, t_text = m.groups()
+        return (int(t_text), int(rid_text)) if v == b"1" else None
+    line = buf[pos : pos + n]
+    if line[:1] != b"{" and not line.strip():
+        return BLANK
+    return key_and_record(line)[0]
+
+
 def _stream(rec: Recording, release: _Cut, window_lines: int, window_bytes: int) -> ReadStats:
     """`Recording.stream_sourced` on keys."""
     stats = ReadStats(bytes_total=rec.stats.bytes_total)
@@ -194,26 +233,13 @@ def _stream(rec: Recording, release: _Cut, window_lines: int, window_bytes: int)
     match = KEY_RE.match
     for fi, path in rec.ordered():
         with open(path, "rb") as f:
-            off = 0
-            for line in f:
-                start = off
-                n = len(line)
-                off += n
-                m = match(line)
-                key: tuple[int, int] | None
-                if m is not None:
-                    v, rid_text, t_text = m.groups()
-                    if v != b"1":
-                        stats.bad_lines += 1
-                        continue
-                    key = (int(t_text), int(rid_text))
-                else:
-                    if line[:1] != b"{" and not line.strip():
-                        continue
-                    key = key_and_record(line)[0]
-                    if key is None:
-                        stats.bad_lines += 1
-                        continue
+            for start, n, buf, pos in _spans(f):
+                key = _key(buf, pos, n, match)
+                if key is None:
+                    stats.bad_lines += 1
+                    continue
+                if key is BLANK:
+                    continue
                 if last_key is not None and key < last_key:
                     raise _Exact
                 rid = key[1]
@@ -247,18 +273,15 @@ def _exact(rec: Recording, release: _Cut) -> ReadStats:
     """`Recording.exact_sourced` on keys: an index of every line, sorted."""
     stats = ReadStats(bytes_total=rec.stats.bytes_total, exact=True)
     index: list[tuple[int, int, int, int, int]] = []
+    match = KEY_RE.match
     for fi, path in enumerate(rec.files()):
         with open(path, "rb") as f:
-            off = 0
-            for line in f:
-                n = len(line)
-                if line.strip():
-                    key = line_key(line)
-                    if key is None:
-                        stats.bad_lines += 1
-                    else:
-                        index.append((key[0], key[1], fi, off, n))
-                off += n
+            for off, n, buf, pos in _spans(f):
+                key = _key(buf, pos, n, match)
+                if key is None:
+                    stats.bad_lines += 1
+                elif key is not BLANK:
+                    index.append((key[0], key[1], fi, off, n))
     index.sort()
     for _, rid, fi, off, n in index:
         release(rid, fi, off, n, False)
