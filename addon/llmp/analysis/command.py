@@ -90,8 +90,8 @@ def register(subparsers: Any) -> None:
         default="1",
         metavar="N",
         help="analyse sessions in up to N processes (auto: one per core), the same report "
-        "as one process; --html, and records that need the exact order, run in one process "
-        "(default 1)",
+        "as one process; --html runs in one process (default 1; docs/analysis.md, "
+        '"Parallel analysis")',
     )
     add_options(p)
     p.set_defaults(handler=run)

@@ -6,13 +6,15 @@ conversation numbers that run across sessions, and the totals, findings and
 rows summed in `Engine._emit`.  So:
 
 1. `plan` finds the sessions as the reader would (`Recording.stream_sourced`:
-   the same file order, window and session starts), from each line's key
-   only, and keeps each session's lines as byte ranges of its files.
-2. A worker runs the engine over one session with a registry that hands out
+   the same file order, window and session starts, and its exact order when
+   a line goes back in time), from each line's key only, and keeps each
+   session's lines as byte ranges of its files, cut into units of whole
+   sessions handed to the workers as soon as they are complete.
+2. A worker runs the engine over one unit with a registry that hands out
    local tokens and logs its calls, and writes what `_emit` is given (row,
    what ran between, the few request fields the totals read), the refusals
    and the registry's calls to a temporary file, in the order they happen.
-3. The parent takes the sessions in order, replays each log on the one real
+3. The parent takes the units in order, replays each log on the one real
    registry, maps tokens to client keys and local conversation numbers to
    global ones, and runs `_emit` as one process would have, in the same order.
 
