@@ -740,14 +740,18 @@ class _Pool:
         for fut in self.futures:
             done = fut.result()
             if done.void:
-                one_process("a line that looks like a record does not decode")
-                return False
+                return self._void("a line that looks like a record does not decode")
             replay.unit(done)
             os.unlink(done.log)
             if len(replay.tools) > TOOLS_CACHED:
-                one_process(f"more than {TOOLS_CACHED} distinct tools arrays")
-                return False
+                return self._void(f"more than {TOOLS_CACHED} distinct tools arrays")
         return True
+
+    def _void(self, reason: str) -> bool:
+        """Say why one process must do it, and leave the workers nothing more to do."""
+        one_process(reason)
+        self.restart()
+        return False
 
 
 __all__ = ["Plan", "Unit", "analyze_parallel", "one_process", "parse_jobs", "plan"]
