@@ -42,6 +42,7 @@ import json
 import os
 import platform
 import random
+import re
 import subprocess
 import sys
 import time
@@ -957,12 +958,12 @@ print(json.dumps({"status": os.waitstatus_to_exitcode(status), "wall": wall,
 """
 
 
-def run_child(argv: Sequence[str]) -> Sample:
+def run_child(argv: Sequence[str], launcher: str = LAUNCH_SRC) -> Sample:
     """Run argv with stdout to /dev/null: its wall and CPU time and peak RSS."""
     err_path = OUT_DIR / "child-stderr.txt"
     with open(err_path, "wb") as err:
         out = subprocess.run(
-            [sys.executable, "-c", LAUNCH_SRC, *argv], stdout=subprocess.PIPE, stderr=err
+            [sys.executable, "-c", launcher, *argv], stdout=subprocess.PIPE, stderr=err
         )
     try:
         res = json.loads(out.stdout)
@@ -1291,6 +1292,112 @@ def verdicts(
     }
 
 
+# ============================================================ --jobs (issue 14)
+
+
+def proxy_files(src: Path, n: int) -> list[Path]:
+    """The recording as `n` proxies' files, one after the other (cached beside it).
+
+    Ids are cut into `n` ranges, each renumbered from 1 as a proxy process
+    numbers its records: `n` sessions, one per file (R16, R17).
+    """
+    dsts = [OUT_DIR / f"{src.stem}.proxy{k + 1}of{n}.jsonl" for k in range(n)]
+    if all(d.exists() and d.stat().st_mtime >= src.stat().st_mtime for d in dsts):
+        return dsts
+    with open(src, "rb") as f:
+        total = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 24), b""))
+    per = -(-total // n)
+    id_re = re.compile(rb'\{"v":1,"id":(\d+),')
+    outs = [open(d, "wb", buffering=1 << 20) for d in dsts]
+    try:
+        with open(src, "rb") as f:
+            for line in f:
+                m = id_re.match(line)
+                assert m is not None, "a line not written the recorder's way"
+                rid = int(m.group(1))
+                k = min((rid - 1) // per, n - 1)
+                outs[k].write(b'{"v":1,"id":%d,' % (rid - k * per) + line[m.end() :])
+    finally:
+        for out in outs:
+            out.close()
+    return dsts
+
+
+# The launcher for `--jobs`: worker processes are not the command's children (a
+# forkserver's), so wait4() on the command leaves them out.  As a child subreaper
+# (Linux prctl), the launcher inherits whatever the command leaves behind, reaps
+# it, and adds its CPU time: the whole tree's.
+TREE_LAUNCH_SRC = LAUNCH_SRC.replace(
+    "argv = sys.argv[1:]\n",
+    "argv = sys.argv[1:]\nimport ctypes\nctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\n",
+).replace(
+    "wall = time.perf_counter() - t0\n",
+    "wall = time.perf_counter() - t0\n"
+    "class _Sum:\n"
+    "    ru_utime = ru.ru_utime\n"
+    "    ru_stime = ru.ru_stime\n"
+    "    ru_maxrss = ru.ru_maxrss\n"
+    "while True:\n"
+    "    try:\n"
+    "        _, _, r = os.wait4(-1, 0)\n"
+    "    except ChildProcessError:\n"
+    "        break\n"
+    "    _Sum.ru_utime += r.ru_utime\n"
+    "    _Sum.ru_stime += r.ru_stime\n"
+    "ru = _Sum\n",
+)
+assert TREE_LAUNCH_SRC.count("prctl") == 1 and TREE_LAUNCH_SRC.count("ru = _Sum") == 1
+
+
+def jobs_figure(src: Path, jobs: int, repeat: int, n_files: int = 4) -> dict[str, Any]:
+    """`llmp analyze --json --jobs 1` and `--jobs N` on the recording cut into proxies'
+    files, alternated: wall and CPU time (the workers' included), and whether the two
+    reports are the same bytes."""
+    paths = proxy_files(src, n_files)
+    for p in paths:
+        warm(p)
+
+    def argv(j: int) -> list[str]:
+        return [str(LLMP), "analyze", "--json", "--jobs", str(j), *map(str, paths)]
+
+    reports = []
+    for j in (1, jobs):
+        out = OUT_DIR / f"jobs{j}-report.json"
+        with open(out, "wb") as f:
+            subprocess.run(argv(j), stdout=f, check=True)
+        reports.append(out.read_bytes())
+    same = reports[0] == reports[1]
+    runs: dict[int, list[tuple[Sample, float]]] = {1: [], jobs: []}
+    for r in range(repeat):
+        for j in (1, jobs) if r % 2 == 0 else (jobs, 1):
+            busy0, wall0 = busy_seconds(), time.perf_counter()
+            s = run_child(argv(j), TREE_LAUNCH_SRC)
+            busy = busy_seconds() - busy0
+            wall = time.perf_counter() - wall0
+            cores = os.cpu_count() or 1
+            runs[j].append((s, max(0.0, busy - s.cpu) / (wall * cores)))
+    size = sum(p.stat().st_size for p in paths)
+    print(f"\n--jobs: {mb(size)} as {n_files} proxies' files, one session each, {repeat} runs each")
+    print(f"{'':>10} {'wall s':>8} {'CPU s':>8} {'peak MB':>8} {'MB/s':>7}  other load")
+    for j, samples in runs.items():
+        w = min(s.wall for s, _ in samples)
+        c = min(s.cpu for s, _ in samples)
+        rss = max(s.maxrss_kb for s, _ in samples) / 1024
+        other = max(o for _, o in samples)
+        print(
+            f"{'--jobs ' + str(j):>10} {w:8.2f} {c:8.2f} {rss:8.0f} {size / w / 1e6:7.0f}"
+            f"  {other * 100:.0f} %"
+        )
+    w1 = min(s.wall for s, _ in runs[1])
+    wn = min(s.wall for s, _ in runs[jobs])
+    print(f"--jobs {jobs}: {w1 / wn:.2f}x the wall speed of --jobs 1; reports the same: {same}")
+    return {
+        "files": [str(p) for p in paths],
+        "same": same,
+        "runs": {str(j): [{**asdict(s), "other": o} for s, o in v] for j, v in runs.items()},
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--size-mb", type=int, default=1024, help="recording size (default 1024)")
@@ -1305,6 +1412,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--regenerate", action="store_true", help="ignore a cached recording")
     ap.add_argument("--json", type=Path, help="also write the raw samples here")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="only the --jobs figure: --jobs 1 against --jobs N on the recording cut into "
+        "4 proxies' files",
+    )
     args = ap.parse_args(argv)
     size_mb = 100 if args.quick and args.size_mb == 1024 else args.size_mb
     repeat = args.repeat or (2 if args.quick else 3)
@@ -1319,6 +1433,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = args.file or OUT_DIR / f"analyzer-v{GEN_VERSION}-{size_mb}MB-s{args.seed}.jsonl"
     st = load_or_generate(path, size_mb, args.seed, args.regenerate)
     describe(path, st)
+    if args.jobs is not None:
+        figure = jobs_figure(path, args.jobs, repeat)
+        if args.json:
+            args.json.write_text(json.dumps(figure, indent=1))
+        return 0 if figure["same"] else 1
     files = prefixes(path, st, fractions, args.regenerate)
     sanity(files[0][1])
     start = startup()

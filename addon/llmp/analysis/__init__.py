@@ -84,6 +84,7 @@ def analyze(
     keep: bool = False,
     changes: int | None = None,
     fast: bool | None = None,
+    jobs: int = 1,
 ) -> Analysis:
     """Read the recordings and analyse every record.
 
@@ -93,8 +94,40 @@ def analyze(
     `keep=True` holds the rows in memory too (for the HTML page), and
     `changes=N` collects the "what changed" diffs of the N largest breaks.
     `fast=False` reads every line the plain way (default: `fast_default()`); the
-    report is the same either way.
+    report is the same either way.  `jobs=N` analyses sessions in up to N processes
+    (`parallel`), the same report again; `changes` needs one process.
     """
+    if jobs > 1 and changes is None:
+        from llmp.analysis.parallel import analyze_parallel
+
+        def alone(files: list[str]) -> Analysis:
+            return analyze(
+                files,
+                cfg,
+                progress=progress,
+                window_lines=window_lines,
+                rows=rows,
+                summaries=summaries,
+                keep=keep,
+                fast=fast,
+            )
+
+        return analyze_parallel(
+            paths,
+            cfg,
+            jobs,
+            stdin=stdin,
+            window_lines=window_lines,
+            rows=rows,
+            summaries=summaries,
+            keep=keep,
+            fast=fast_default() if fast is None else fast,
+            alone=alone,
+        )
+    if jobs > 1:
+        from llmp.analysis.parallel import one_process
+
+        one_process('--html follows every record for its "what changed"')
     collected: list[Changes | None] = [None]
 
     def consume(records: Iterator[Sourced]) -> Engine:

@@ -85,6 +85,14 @@ def register(subparsers: Any) -> None:
         default=None,
         help="show progress on stderr (default: when stderr is a terminal)",
     )
+    p.add_argument(
+        "--jobs",
+        default="1",
+        metavar="N",
+        help="analyse sessions in up to N processes (auto: one per core), the same report "
+        "as one process; --html runs in one process (default 1; docs/analysis.md, "
+        '"Parallel analysis")',
+    )
     add_options(p)
     p.set_defaults(handler=run)
 
@@ -102,6 +110,11 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"{path}: no such file")
 
     from llmp.analysis.gate import offending, parse_kinds, reason
+    from llmp.analysis.parallel import parse_jobs
+
+    jobs = parse_jobs(args.jobs)
+    if jobs is None:
+        return _fail(f"--jobs must be a whole number of 1 or more, or auto, not {args.jobs!r}")
 
     kinds: list[str] = []
     if args.fail_on is not None:
@@ -160,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
             summaries=not args.json,
             keep=html is not None,
             changes=MAX_CHANGES if html is not None else None,
+            jobs=jobs,
         )
     except OSError as exc:
         return _fail(str(exc))

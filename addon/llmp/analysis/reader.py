@@ -226,6 +226,14 @@ class Recording:
         far = (1 << 63, 1 << 63)
         return sorted(enumerate(self._inputs), key=lambda p: (p[1].first_key or far, p[0]))
 
+    def ordered(self) -> list[tuple[int, str]]:
+        """The files in the order `stream_sourced` reads them: (index in `paths`, file)."""
+        return [(fi, inp.path) for fi, inp in self._ordered_inputs()]
+
+    def files(self) -> list[str]:
+        """The file read for each of `paths` (standard input spooled), in their order."""
+        return [inp.path for inp in self._inputs]
+
     def stream(self) -> Iterator[tuple[int, dict[str, Any]]]:
         """Records in R16 order through a bounded window.
 
