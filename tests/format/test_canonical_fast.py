@@ -165,3 +165,87 @@ def test_random_documents_agree() -> None:
         text = _random_json(rng)
         _same(text.encode("utf-8"))
         _same(text)
+
+
+# -- DigitRuns and short_ints: a stream's events skip the walk when no integer can be huge
+
+
+def _runs(*pieces: bytes) -> bool:
+    runs = canonical.DigitRuns()
+    for piece in pieces:
+        runs.feed(piece)
+    return runs.found
+
+
+def test_digit_runs_finds_19_digits_in_any_split() -> None:
+    text = b'data: {"n":-9223372036854775809}\n\n'
+    assert _runs(text)
+    for cut in range(len(text) + 1):
+        assert _runs(text[:cut], text[cut:]), cut
+    assert _runs(*(bytes([b]) for b in text))
+
+
+def test_digit_runs_needs_19_in_a_row() -> None:
+    assert not _runs(b"922337203685477580 x 1760000000")  # 18 digits, then 10
+    assert not _runs(b"123456789", b"012345678", b" 9")  # 18 across pieces, then a break
+    assert not _runs(b"12345678901234567", b"", b"8x9")
+    assert _runs(b"1234567890", b"123456789")  # 19 across pieces
+    assert not _runs(b"chatcmpl-Xq3vR8bT0mK2wL9pZ4sN7cY1fH6dJ5aE")
+
+
+def test_short_ints_still_rejects_deep_nesting() -> None:
+    with pytest.raises(NotJSON, match="recursion"):
+        canonical.loads("[" * 128 + "]" * 128, short_ints=True)
+    with pytest.raises(NotJSON, match="recursion"):
+        canonical.loads(b"[" * 128 + b"]" * 128, short_ints=True)
+    assert canonical.loads(b"[" * 127 + b"]" * 127, short_ints=True) == _nested(126)
+
+
+def _nested(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_short_ints_gives_the_same_values_without_huge_integers() -> None:
+    rng = random.Random(41)
+    for _ in range(500):
+        text = _random_json(rng)
+        if _runs(text.encode("utf-8")):
+            continue
+        assert _outcome(lambda d: canonical.loads(d, short_ints=True), text) == _outcome(
+            canonical.loads_stdlib, text
+        )
+
+
+def test_a_stream_event_with_a_huge_integer_keeps_its_text() -> None:
+    from llmp.apis import api_for
+    from llmp.recorder.stream import StreamCapture
+
+    api = api_for("POST", "/v1/chat/completions")
+    body = (
+        b'data: {"choices":[{"index":0,"delta":{"content":"a"}}],"usage":{"n":1}}\n\n'
+        b'data: {"choices":[],"usage":{"n":18446744073709551616}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    for cut in range(0, len(body) + 1, 7):
+        stream = StreamCapture("sse", 1 << 20, api)
+        stream.feed(body[:cut])
+        stream.feed(body[cut:])
+        stream.close()
+        merged = stream.merged()
+        assert merged is not None
+        n = merged["usage"]["n"]
+        assert isinstance(n, RawInt) and n.text == "18446744073709551616", cut
+
+
+def test_the_raw_fnv_call_matches_the_reference_loop() -> None:
+    rng = random.Random(3)
+    for size in (0, 1, 7, 255, 256, 4096, 70000):
+        data = rng.randbytes(size)
+        assert canonical.hash_bytes(data) == format(canonical._fnv1a64_py(data), "016x")
+    text = "é\ud800x"  # a lone surrogate: passed through as its UTF-8-like bytes
+    assert canonical.hash_text(text) == format(
+        canonical._fnv1a64_py(text.encode("utf-8", "surrogatepass")), "016x"
+    )
