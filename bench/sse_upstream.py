@@ -53,10 +53,14 @@ def _chunk_frame(payload: bytes) -> bytes:
 
 
 def _event(delta: str, finish: str = "null", extra: str = "") -> bytes:
-    """One llama-server SSE event (``delta`` and ``extra`` are JSON text)."""
+    """One llama-server SSE event (``delta`` and ``extra`` are JSON text).
+
+    The id has llama-server's shape: ``chatcmpl-`` and 32 random letters and
+    digits (``gen_chatcmplid``), fixed here.
+    """
     return (
         b'data: {"choices":[{"finish_reason":%s,"index":0,"delta":%s}],"created":1760000000,'
-        b'"id":"chatcmpl-bench0000000000000000000000000000","model":"%s",'
+        b'"id":"chatcmpl-Xq3vR8bT0mK2wL9pZ4sN7cY1fH6dJ5aE","model":"%s",'
         b'"system_fingerprint":"%s","object":"chat.completion.chunk"%s}\n\n'
         % (finish.encode(), delta.encode(), MODEL.encode(), FINGERPRINT.encode(), extra.encode())
     )

@@ -398,9 +398,10 @@ class _Choice:
             self.text.append(text)
         if "logprobs" in choice:
             self._add_logprobs(choice["logprobs"])
+        extra = self.extra
         for key, value in choice.items():
-            if key not in _CHOICE_SPECIAL:
-                last_non_null(self.extra, key, value)
+            if key not in _CHOICE_SPECIAL and (value is not None or key not in extra):
+                extra[key] = value  # last non-null (`last_non_null`, inlined: per event)
 
     def _add_delta(self, delta: dict[Any, Any]) -> None:
         if "role" in delta:  # first non-null role (null only if nothing better came)
@@ -425,9 +426,10 @@ class _Choice:
                 if call is None:
                     call = self.tools[index] = _ToolCall()
                 call.add(frag)
+        extra = self.msg_extra
         for key, value in delta.items():
-            if key not in _DELTA_SPECIAL:
-                last_non_null(self.msg_extra, key, value)
+            if key not in _DELTA_SPECIAL and (value is not None or key not in extra):
+                extra[key] = value  # last non-null, inlined
 
     def _add_logprobs(self, value: Any) -> None:
         """Concatenate the per-token lists (``content``, ``refusal``) like a full reply."""
@@ -514,8 +516,8 @@ class SSEMerger:
         for key, value in event.items():
             if key == "choices" or key == "object":
                 top.setdefault(key, None)  # remember its position only
-            else:
-                last_non_null(top, key, value)
+            elif value is not None or key not in top:
+                top[key] = value  # last non-null, inlined
         choices = event.get("choices")
         if not isinstance(choices, list):
             return

@@ -12,15 +12,23 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import orjson
 
 try:  # C implementation: ~100x faster than the pure-Python loop below.
     from fnv_c import fnv1a_64 as _fnv1a_64_c
 except Exception:  # pragma: no cover - exercised only where fnv-c is missing
     _fnv1a_64_c = None
+try:  # the C function itself, without fnv_c's Python wrapper: a record hashes hundreds of texts
+    from fnv_c.ext._fnv import lib as _fnv_lib
+
+    _fnv1a_64_raw: Any = _fnv_lib.fnv1a_64
+except Exception:  # pragma: no cover - fnv-c missing, or laid out differently
+    _fnv1a_64_raw = None
 
 __all__ = [
     "EMPTY_HASH",
+    "DigitRuns",
     "NotJSON",
     "RawFloat",
     "RawInt",
@@ -30,6 +38,7 @@ __all__ = [
     "hash_text",
     "hash_value",
     "loads",
+    "loads_stdlib",
     "record_dumps",
 ]
 
@@ -119,12 +128,109 @@ def _has_surrogate(text: str) -> bool:
     return False
 
 
-def loads(data: bytes | bytearray | memoryview | str) -> Any:
+_FAST: Any = None  # msgspec.json.Decoder, made at first use
+
+
+def loads(data: bytes | bytearray | memoryview | str, *, short_ints: bool = False) -> Any:
     """Parse JSON the way serde_json (arbitrary_precision) does, keeping number text.
 
     Raises ``NotJSON`` for anything serde_json rejects: invalid UTF-8, lone
     surrogate escapes, NaN/Infinity, trailing commas, nesting deeper than 127.
+
+    msgspec parses: 5-8x faster than the stdlib with a Python hook for every
+    number.  It rejects all of that itself but deep nesting, and gives a
+    plain `int` for an integer outside 64 bits, so one walk over the
+    containers (`_settle`) does both.  Whatever msgspec refuses goes to
+    `loads_stdlib`, which decides: the two agree on everything else
+    (`tests/format/test_canonical_fast.py`).
+
+    `short_ints`: the caller knows the text has no run of 19 digits
+    (`DigitRuns`), so no integer outside 64 bits; the walk, which costs more
+    than msgspec's parse of a stream event, is then left out unless there
+    are enough brackets to nest too deep.
     """
+    global _FAST
+    if _FAST is None:
+        _FAST = msgspec.json.Decoder(float_hook=RawFloat)
+    try:
+        value = _FAST.decode(data)
+    except Exception:  # malformed, invalid UTF-8, a lone surrogate, a huge integer
+        return loads_stdlib(data)
+    if short_ints:
+        if isinstance(data, memoryview):
+            data = bytes(data)
+        if isinstance(data, str):
+            deep = data.count("[") + data.count("{") > MAX_DEPTH
+        else:
+            deep = data.count(b"[") + data.count(b"{") > MAX_DEPTH
+        if not deep:
+            return value
+    try:
+        t = type(value)
+        if t is dict or t is list:
+            _settle(value, 0)
+        elif t is int and not _I64_MIN <= value <= _U64_MAX:
+            return _parse_int(str(value))
+    except NotJSON:
+        raise
+    except ValueError:  # an integer too long for `str`: the stdlib keeps its text
+        return loads_stdlib(data)
+    return value
+
+
+def _settle(value: dict[str, Any] | list[Any], depth: int) -> None:
+    """Reject nesting past `MAX_DEPTH`; turn integers outside 64 bits into `RawInt`.
+
+    A JSON integer has one spelling (no sign but `-`, no leading zero), so its
+    `str` is its source text, which `_parse_int` keeps as the stdlib path does.
+    """
+    if depth >= MAX_DEPTH:
+        raise NotJSON("recursion limit exceeded")
+    items = value.items() if type(value) is dict else enumerate(value)
+    for key, item in items:
+        t = type(item)
+        if t is str:
+            continue
+        if t is dict or t is list:
+            _settle(item, depth + 1)
+        elif t is int and (item > _U64_MAX or item < _I64_MIN):
+            value[key] = _parse_int(str(item))  # type: ignore[index]
+
+
+_DIGIT_MAP = bytes(0x30 if 0x30 <= i <= 0x39 else 0x20 for i in range(256))
+_RUN = b"0" * 19
+"""The shortest integer outside 64 bits, -9223372036854775809, has 19 digits."""
+
+
+class DigitRuns:
+    """Watches bytes, fed in order, for a run of 19 ASCII digits.
+
+    Without one, no JSON text cut from those bytes (a stream's events: the
+    SSE and NDJSON parsers only drop prefixes and line ends, and UTF-8 puts
+    no ASCII byte inside a character) can hold an integer outside 64 bits,
+    and `loads(..., short_ints=True)` may skip its walk.  A C pass over the
+    bytes costs a fraction of the walk over every event.
+    """
+
+    __slots__ = ("_carry", "found")
+
+    def __init__(self) -> None:
+        self.found = False
+        self._carry = b""  # the digits that ended the last piece, as a run may go on
+
+    def feed(self, data: bytes) -> None:
+        if self.found or not data:
+            return
+        mapped = self._carry + data.translate(_DIGIT_MAP)
+        if _RUN in mapped:
+            self.found = True
+            return
+        tail = mapped[-(len(_RUN) - 1) :]
+        self._carry = tail[len(tail.rstrip(b"0")) :]
+
+
+def loads_stdlib(data: bytes | bytearray | memoryview | str) -> Any:
+    """`loads` with the stdlib's parser only: the reference the fast path must match."""
     if isinstance(data, str):
         text = data
         if _has_surrogate(text):  # bytes can't carry one; a str can
@@ -201,12 +307,17 @@ def fnv1a64(data: bytes) -> int:
 
 def hash_bytes(data: bytes) -> str:
     """FNV-1a 64 as 16 lowercase hex digits."""
+    if _fnv1a_64_raw is not None:
+        return format(_fnv1a_64_raw(data, len(data)), "016x")
     return format(fnv1a64(data), "016x")
 
 
 def hash_text(text: str) -> str:
     """Hash of a string's UTF-8 bytes (surrogates, if any, replaced)."""
-    return hash_bytes(text.encode("utf-8", "surrogatepass"))
+    data = text.encode("utf-8", "surrogatepass")
+    if _fnv1a_64_raw is not None:
+        return format(_fnv1a_64_raw(data, len(data)), "016x")
+    return format(fnv1a64(data), "016x")
 
 
 def hash_value(value: Any) -> str:

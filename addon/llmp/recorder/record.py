@@ -160,10 +160,14 @@ def _response_part(
     stream = StreamCapture(kind, sum(map(len, data_pieces)) + 1, api)
     first_event: float | None = None
     times = cap.times if len(cap.times) == len(data_pieces) else [None] * len(data_pieces)
-    for piece, t in zip(data_pieces, times, strict=True):
+    for at, (piece, t) in enumerate(zip(data_pieces, times, strict=True)):
         stream.feed(piece)
-        if first_event is None and stream.events:
+        if stream.events:
             first_event = t  # the piece that completed the first event (R28)
+            # The rest in one piece: the parsers give the same events for any
+            # split, and one call costs less than one per event.
+            stream.feed(b"".join(data_pieces[at + 1 :]))
+            break
     if cap.truncated:
         stream.truncated = True
     stream.close()

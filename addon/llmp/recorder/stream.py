@@ -88,6 +88,7 @@ class StreamCapture:
 
     __slots__ = (
         "_closed",
+        "_digits",
         "_merger",
         "_parsed",
         "_parser",
@@ -123,6 +124,7 @@ class StreamCapture:
         self.internal_errors = 0
         self._parsed = 0
         self._closed = False
+        self._digits = canonical.DigitRuns()  # what was parsed: may an event hold a huge integer?
 
     def feed(self, piece: bytes | bytearray | memoryview) -> None:
         """Account for one piece of the body and parse what fits in the limit."""
@@ -140,6 +142,7 @@ class StreamCapture:
                     return
                 piece = piece[:room]
             self._parsed += len(piece)
+            self._digits.feed(piece)  # before the parser: its events come from these bytes
             items = self._parser.feed(piece)
         except Exception:
             self.internal_errors += 1
@@ -155,7 +158,7 @@ class StreamCapture:
                 return
             self.chunks += 1
             try:
-                obj = canonical.loads(item)
+                obj = canonical.loads(item, short_ints=not self._digits.found)
             except canonical.NotJSON:
                 obj = None
             if not isinstance(obj, dict):
