@@ -26,7 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmp.analysis import analyze, parallel
+from llmp.analysis.classify import TURN
 from llmp.analysis.command import _print_readable
+from llmp.analysis.linking import RingEntry
+from llmp.analysis.loss import Between
 from llmp.cli import main
 from tests.analysis.test_fast_path import TRAFFIC
 from tests.support import scenarios as sc
@@ -430,3 +433,18 @@ def test_the_console_script_on_several_files(tmp_path: Path) -> None:
     one = run("1")
     assert run("2") == one
     assert run("auto") == one
+
+
+def test_remap_moves_the_turns_conversation_with_its_entries() -> None:
+    """What ran between a turn and its link keeps sorting the same after the parent
+    renumbers a unit's conversations: the turn's own number moves with the entries'."""
+    own = RingEntry(5, "m", TURN, 2, None, 0, "m")
+    other = RingEntry(6, "m", TURN, 1, None, 1, "m")
+    btw = Between([], [6], [], [own, other], None, False, "m", 2)
+    assert btw.other_entries == [other]
+    done: set[int] = set()
+    parallel._remap(btw, {0: 7, 1: 8}, 10, done)
+    parallel._remap(btw, {7: 0, 8: 0}, 10, done)  # a second sight of the same objects
+    assert (btw.conversation, own.conversation, other.conversation) == (12, 12, 11)
+    assert (own.client, other.client) == (7, 8)
+    assert btw.other_entries == [other]

@@ -38,7 +38,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from llmp.analysis.clients import ClientRegistry
@@ -345,10 +345,17 @@ def _reducers() -> dict[type, Callable[[Any], Any]]:
     from llmp.apis.base import Counts
 
     out: dict[type, Callable[[Any], Any]] = dict(copyreg.dispatch_table)
-    for cls in (Row, Counts, Loss, RingEntry, Between, _Seen):
+    for cls in (Row, Counts, Loss, RingEntry, _Seen):
         if all(f.init for f in fields(cls)) and not hasattr(cls, "__post_init__"):
             out[cls] = _by_fields(cls)
+    out[Between] = _between_args
     return out
+
+
+def _between_args(b: Between) -> tuple[Any, ...]:
+    """`Between` (a plain class) pickled as its constructor's arguments."""
+    args = (b.side_calls, b.other_conversations, b.other_domains, b.entries)
+    return Between, (*args, b.last_same, b.skipped, b.served, b.conversation)
 
 
 class _Log:
@@ -458,16 +465,15 @@ def _frozen(btw: Between, entry: RingEntry) -> Between:
         entry.client,
         entry.model,
     )
-
-    def swap(entries: list[RingEntry]) -> list[RingEntry]:
-        return [copy if e is entry else e for e in entries]
-
-    return replace(
-        btw,
-        entries=swap(btw.entries),
-        side_entries=swap(btw.side_entries),
-        other_entries=swap(btw.other_entries),
-        domain_entries=swap(btw.domain_entries),
+    return Between(
+        btw.side_calls,
+        btw.other_conversations,
+        btw.other_domains,
+        [copy if e is entry else e for e in btw.entries],
+        btw.last_same,
+        btw.skipped,
+        btw.served,
+        btw.conversation,
     )
 
 
@@ -621,15 +627,19 @@ def _events(path: str) -> Iterator[tuple[tuple[Any, ...], set[int]]]:
 
 
 def _remap(btw: Between, keys: dict[int, int], offset: int, done: set[int]) -> None:
-    """Ring entries with real client keys and conversation numbers, each entry once."""
-    for entries in (btw.entries, btw.side_entries, btw.other_entries, btw.domain_entries):
-        for e in entries:
-            if id(e) in done:
-                continue
-            done.add(id(e))
-            e.client = keys[e.client]
-            if e.conversation is not None:
-                e.conversation += offset
+    """Ring entries with real client keys and conversation numbers, each entry once;
+    the turn's own conversation too (the findings sort `entries` by it)."""
+    if id(btw) not in done:
+        done.add(id(btw))
+        if btw.conversation is not None:
+            btw.conversation += offset
+    for e in btw.entries:
+        if id(e) in done:
+            continue
+        done.add(id(e))
+        e.client = keys[e.client]
+        if e.conversation is not None:
+            e.conversation += offset
 
 
 def one_process(reason: str) -> None:
