@@ -50,9 +50,9 @@ TRAFFIC: dict[str, Callable[[], sc.Traffic]] = {
 MODES = ("digest", "full", "mixed")
 
 
-def report_bytes(paths: list[Path], fast: bool) -> bytes:
-    """`llmp analyze --json` of the paths, as bytes."""
-    result = analyze([str(p) for p in paths], progress=False, fast=fast)
+def report_bytes(paths: list[Path], **kw: Any) -> bytes:
+    """`llmp analyze --json` of the paths, as bytes (`kw`: `analyze`'s options)."""
+    result = analyze([str(p) for p in paths], progress=False, **kw)
     try:
         out = io.BytesIO()
         result.write_json(out)

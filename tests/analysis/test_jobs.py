@@ -31,7 +31,7 @@ from llmp.analysis.command import _print_readable
 from llmp.analysis.linking import RingEntry
 from llmp.analysis.loss import Between
 from llmp.cli import main
-from tests.analysis.test_fast_path import TRAFFIC
+from tests.analysis.test_fast_path import TRAFFIC, report_bytes
 from tests.support import scenarios as sc
 
 ID_RE = re.compile(rb'^\{"v":1,"id":\d+,')
@@ -108,13 +108,7 @@ def write(tmp: Path, files: list[list[bytes]], reverse: bool = False) -> list[Pa
 
 def report(paths: list[Path], jobs: int, **kw: Any) -> bytes:
     """`llmp analyze --json --jobs N`, as bytes."""
-    result = analyze([str(p) for p in paths], progress=False, jobs=jobs, **kw)
-    try:
-        out = io.BytesIO()
-        result.write_json(out)
-        return out.getvalue()
-    finally:
-        result.close()
+    return report_bytes(paths, jobs=jobs, **kw)
 
 
 def readable(paths: list[Path], jobs: int) -> str:
