@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import msgspec
+
 from llmp.apis.base import (
     MISSING,
     ChatApi,
@@ -24,6 +26,7 @@ from llmp.apis.base import (
     nonneg,
     tools_part,
 )
+from llmp.format import canonical
 from llmp.format.canonical import dumps
 from llmp.format.measure import SERVER
 from llmp.format.schema import (
@@ -294,6 +297,24 @@ _DELTA_SPECIAL = frozenset({"role", "content", "tool_calls", *_REASONING_KEYS})
 _CHOICE_SPECIAL = frozenset({"index", "delta", "message", "finish_reason", "text", "logprobs"})
 _TOOL_SPECIAL = frozenset({"index", "id", "type", "function"})
 _FUNCTION_SPECIAL = frozenset({"name", "arguments"})
+_APPENDED_KEYS = ("content", *_REASONING_KEYS)
+"""The delta's strings that a merge appends: `SSEMerger.add_same` folds an event of one."""
+_STRING = msgspec.json.Decoder(str)
+
+
+def _string_end(text: str, start: int) -> int:
+    """The index of the quote that ends the JSON string whose body starts at `start`, or -1."""
+    end = start
+    while True:
+        end = text.find('"', end)
+        if end < 0:
+            return -1
+        slashes = 0
+        while text[end - 1 - slashes] == "\\":
+            slashes += 1
+        if not slashes % 2:
+            return end
+        end += 1
 
 
 # --------------------------------------------------------------------------- SSE
@@ -499,18 +520,23 @@ class SSEMerger:
       last-non-null); legacy ``text`` concatenated; other keys last-non-null.
     """
 
-    __slots__ = ("_choices", "_count", "_top", "ended")
+    __slots__ = ("_choices", "_count", "_parts", "_prefix", "_suffix", "_top", "ended")
 
     def __init__(self) -> None:
         self.ended = False  # the end is `data: [DONE]`, which is no JSON event (StreamCapture)
         self._top: dict[Any, Any] = {}  # first-seen key order, last non-null value
         self._choices: dict[int, _Choice] = {}
         self._count = 0
+        # `add_same`'s template: the last event's text around its one appended string.
+        self._prefix: str | None = None
+        self._suffix = ""
+        self._parts: list[str] = []  # where that string's value goes
 
     def add(self, event: dict[str, Any]) -> None:
         """Fold one parsed event into the merge; non-objects are ignored."""
         if not isinstance(event, dict):
             return
+        self._prefix = None  # the template was the last event's: this one is the last now
         self._count += 1
         top = self._top
         for key, value in event.items():
@@ -529,6 +555,81 @@ class SSEMerger:
             if state is None:
                 state = self._choices[index] = _Choice()
             state.add(choice)
+
+    def learn(self, event: dict[str, Any], text: str) -> None:
+        """After `add(event)`: keep `text` as the template `add_same` matches the next event to.
+
+        Only for an event whose merge, apart from one string it appends (the
+        delta's `content`, or a reasoning key), gives the same state when
+        applied again: one choice, no tool calls, no `text`, no logprobs.
+        Every other key is first-non-null or last-non-null, so an event that
+        repeats them changes nothing but that string.  The string's place in
+        the text is proven by parsing the text with another string there.
+        """
+        self._prefix = None
+        try:
+            choices = event.get("choices")
+            if type(choices) is not list or len(choices) != 1 or type(choices[0]) is not dict:
+                return
+            choice = choices[0]
+            delta = choice.get("delta")
+            if (
+                type(delta) is not dict
+                or isinstance(choice.get("text"), str)
+                or choice.get("logprobs") is not None
+                or isinstance(delta.get("tool_calls"), list)
+            ):
+                return
+            keys = [k for k in _APPENDED_KEYS if isinstance(delta.get(k), str)]
+            if len(keys) != 1:
+                return
+            key = keys[0]
+            needle = f'"{key}":"'
+            if text.count(needle) != 1:
+                return
+            start = text.index(needle) + len(needle)
+            end = _string_end(text, start)
+            if end < 0:
+                return
+            prefix, suffix = text[:start], text[end:]
+            probe = "llmp-probe" if delta[key] != "llmp-probe" else "llmp-probe-2"
+            expect = dict(event)
+            expect["choices"] = [dict(choice, delta=dict(delta, **{key: probe}))]
+            if canonical.loads(prefix + probe + suffix) != expect:
+                return  # the string found is not (only) that one: e.g. a duplicate key
+            state = self._choices[index_of(choice.get("index"), 0)]
+            self._parts = state.content if key == "content" else state.reasoning[key]
+            self._prefix, self._suffix = prefix, suffix
+        except Exception:  # a surprise costs the fast path only
+            self._prefix = None
+
+    def add_same(self, text: str) -> bool:
+        """Fold an event that is the last one's text with another appended string.
+
+        True when it was: that string is appended, and nothing else changes
+        (`learn`).  False when the text does not match the template; then the
+        caller parses it and calls `add`, as for any event.
+        """
+        prefix = self._prefix
+        if prefix is None or not text.startswith(prefix):
+            return False
+        suffix = self._suffix
+        end = len(text) - len(suffix)
+        if end < len(prefix) or not text.endswith(suffix):
+            return False
+        body = text[len(prefix) : end]
+        if '"' in body or "\\" in body or not body.isprintable():
+            # Escapes, or characters printed as such: let the JSON parser say
+            # whether it is one string, and what it holds.
+            try:
+                value = _STRING.decode(f'"{body}"')
+            except Exception:
+                return False
+        else:
+            value = body  # a JSON string body with nothing to unescape
+        self._count += 1
+        self._parts.append(value)
+        return True
 
     def result(self) -> dict[str, Any] | None:
         """The merged completion, or None if no event was added."""

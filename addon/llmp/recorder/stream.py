@@ -92,6 +92,7 @@ class StreamCapture:
         "_merger",
         "_parsed",
         "_parser",
+        "_same",
         "bad_chunks",
         "body_bytes",
         "chunks",
@@ -111,6 +112,9 @@ class StreamCapture:
         else:
             raise ValueError(f"unknown stream kind: {kind!r}")
         self._merger: Merger = merger_for(api, kind)
+        # A merger that can fold an event from its text alone, when it repeats the
+        # last one but for a string it appends (`SSEMerger.add_same`); SSE only.
+        self._same: Any = getattr(self._merger, "add_same", None) if kind == "sse" else None
         self.kind = kind
         self.limit = max(0, int(limit))
         self.chunks = 0
@@ -157,6 +161,9 @@ class StreamCapture:
                 self.done_seen = True
                 return
             self.chunks += 1
+            same = self._same
+            if same is not None and same(item):
+                return  # the last event again, but for the string it appends: folded
             try:
                 obj = canonical.loads(item, short_ints=not self._digits.found)
             except canonical.NotJSON:
@@ -168,6 +175,8 @@ class StreamCapture:
             merger.add(obj)
             if merger.ended:  # the API's own end event (R29)
                 self.done_seen = True
+            elif same is not None:
+                merger.learn(obj, item)  # type: ignore[attr-defined]
         except Exception:
             self.internal_errors += 1
 
