@@ -131,7 +131,9 @@ def _has_surrogate(text: str) -> bool:
 _FAST: Any = None  # msgspec.json.Decoder, made at first use
 
 
-def loads(data: bytes | bytearray | memoryview | str, *, short_ints: bool = False) -> Any:
+def loads(
+    data: bytes | bytearray | memoryview | str, *, short_ints: bool = False, depth: int = 0
+) -> Any:
     """Parse JSON the way serde_json (arbitrary_precision) does, keeping number text.
 
     Raises ``NotJSON`` for anything serde_json rejects: invalid UTF-8, lone
@@ -148,6 +150,10 @@ def loads(data: bytes | bytearray | memoryview | str, *, short_ints: bool = Fals
     (`DigitRuns`), so no integer outside 64 bits; the walk, which costs more
     than msgspec's parse of a stream event, is then left out unless there
     are enough brackets to nest too deep.
+
+    `depth`: the text is a value cut out of that many containers (a message
+    of a request body: 2), so it may nest that much less; the result is
+    what the whole text's parse holds at that place.
     """
     global _FAST
     if _FAST is None:
@@ -155,26 +161,26 @@ def loads(data: bytes | bytearray | memoryview | str, *, short_ints: bool = Fals
     try:
         value = _FAST.decode(data)
     except Exception:  # malformed, invalid UTF-8, a lone surrogate, a huge integer
-        return loads_stdlib(data)
+        return loads_stdlib(data, depth=depth)
     if short_ints:
         if isinstance(data, memoryview):
             data = bytes(data)
         if isinstance(data, str):
-            deep = data.count("[") + data.count("{") > MAX_DEPTH
+            deep = data.count("[") + data.count("{") > MAX_DEPTH - depth
         else:
-            deep = data.count(b"[") + data.count(b"{") > MAX_DEPTH
+            deep = data.count(b"[") + data.count(b"{") > MAX_DEPTH - depth
         if not deep:
             return value
     try:
         t = type(value)
         if t is dict or t is list:
-            _settle(value, 0)
+            _settle(value, depth)
         elif t is int and not _I64_MIN <= value <= _U64_MAX:
             return _parse_int(str(value))
     except NotJSON:
         raise
     except ValueError:  # an integer too long for `str`: the stdlib keeps its text
-        return loads_stdlib(data)
+        return loads_stdlib(data, depth=depth)
     return value
 
 
@@ -229,7 +235,7 @@ class DigitRuns:
         self._carry = tail[len(tail.rstrip(b"0")) :]
 
 
-def loads_stdlib(data: bytes | bytearray | memoryview | str) -> Any:
+def loads_stdlib(data: bytes | bytearray | memoryview | str, *, depth: int = 0) -> Any:
     """`loads` with the stdlib's parser only: the reference the fast path must match."""
     if isinstance(data, str):
         text = data
@@ -255,9 +261,9 @@ def loads_stdlib(data: bytes | bytearray | memoryview | str) -> Any:
     # way to smuggle a lone surrogate past a strict UTF-8 decode, and depth
     # can only exceed the limit with that many opening brackets.
     surrogates = "\\ud" in text or "\\uD" in text
-    deep = text.count("[") + text.count("{") > MAX_DEPTH
+    deep = text.count("[") + text.count("{") > MAX_DEPTH - depth
     if surrogates or deep:
-        _check(value, 0, surrogates)
+        _check(value, depth, surrogates)
     return value
 
 
