@@ -128,6 +128,23 @@ def _tool_result_id(content: Any) -> Any:
     return None
 
 
+def _system_with_text(body: dict[str, Any]) -> list[tuple[MessageDigest, str]]:
+    """The `system` value as messages, one per block (R22)."""
+    system = body.get("system")
+    if isinstance(system, str):
+        return [_message_with_text("system", _hashed_content(system))]
+    if isinstance(system, list):
+        return [_message_with_text("system", [strip_cache_control(b)]) for b in system]
+    return []
+
+
+def _item_with_text(msg: Any) -> tuple[MessageDigest, str]:
+    """One item of `messages` (anything: not an object counts as an empty one)."""
+    if not isinstance(msg, dict):
+        msg = {}
+    return _message_with_text(msg.get("role"), _hashed_content(msg.get("content")))
+
+
 def _message_with_text(role: Any, content: Any) -> tuple[MessageDigest, str]:
     """A digest from a role and content already normalised and stripped."""
     text = content_text(content)
@@ -164,26 +181,26 @@ class AnthropicMessages(ChatApi):
 
     def messages_with_text(self, body: dict[str, Any]) -> list[tuple[MessageDigest, str]]:
         """The `system` value first (one message per block), then `messages` (R22)."""
-        out: list[tuple[MessageDigest, str]] = []
-        system = body.get("system")
-        if isinstance(system, str):
-            out.append(_message_with_text("system", _hashed_content(system)))
-        elif isinstance(system, list):
-            for block in system:
-                out.append(_message_with_text("system", [strip_cache_control(block)]))
+        out = _system_with_text(body)
         messages = body.get("messages")
         if isinstance(messages, list):
-            for msg in messages:
-                if not isinstance(msg, dict):
-                    msg = {}
-                out.append(_message_with_text(msg.get("role"), _hashed_content(msg.get("content"))))
+            out.extend(_item_with_text(msg) for msg in messages)
         return out
+
+    def item_digest(self, item: Any) -> MessageDigest:
+        return _item_with_text(item)[0]
 
     def tool_json(self, tool: Any) -> bytes:
         """A tool definition (or the tools array) as canonical JSON, without markers."""
         return dumps(strip_cache_control(tool))
 
-    def request_digest(self, body: dict[str, Any]) -> RequestDigest:
+    def request_digest(
+        self, body: dict[str, Any], items: list[MessageDigest] | None = None
+    ) -> RequestDigest:
+        if items is None:
+            messages = [d for d, _ in self.messages_with_text(body)]
+        else:
+            messages = [d for d, _ in _system_with_text(body)] + items
         stream = body.get("stream")
         model = body.get("model")
         tools, tools_hash = tools_part(self, body.get("tools"), _tool_name)
@@ -195,7 +212,7 @@ class AnthropicMessages(ChatApi):
                 "grammar": False,
                 "stream": stream if isinstance(stream, bool) else False,
             },
-            "messages": [d for d, _ in self.messages_with_text(body)],
+            "messages": messages,
             "tools": tools,
             "tools_hash": tools_hash,
         }

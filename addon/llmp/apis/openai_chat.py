@@ -176,7 +176,12 @@ class OpenAIChat(ChatApi):
         messages = body.get("messages")
         return [message_with_text(m) for m in messages] if isinstance(messages, list) else []
 
-    def request_digest(self, body: dict[str, Any]) -> RequestDigest:
+    def item_digest(self, item: Any) -> MessageDigest:
+        return message_digest(item)
+
+    def request_digest(
+        self, body: dict[str, Any], items: list[MessageDigest] | None = None
+    ) -> RequestDigest:
         stream = body.get("stream")
         options = body.get("options")
         model = body.get("model")
@@ -194,7 +199,7 @@ class OpenAIChat(ChatApi):
                 "grammar": is_set(body.get("grammar")) or is_set(body.get("json_schema")),
                 "stream": stream if isinstance(stream, bool) else self.stream_default,
             },
-            "messages": [d for d, _ in self.messages_with_text(body)],
+            "messages": [d for d, _ in self.messages_with_text(body)] if items is None else items,
             "tools": tools,
             "tools_hash": tools_hash,
         }
