@@ -21,6 +21,8 @@ The parts:
 - build: `build_line`, digest mode; full: the same in full mode;
 - request_loads: `canonical.loads` of the request body;
 - request_digest: the API's `request_digest` of the parsed body;
+- request_bytes: what digest mode does with the request body's bytes
+  (`request_digest_bytes`: the digests of messages seen before looked up);
 - stream: the response stream as `record.py` parses it (`StreamCapture`:
   SSE, per-event JSON, the merge) and its response digest;
 - live: the live view fed the record's line.
@@ -47,7 +49,16 @@ from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
-PARTS = ("whole", "build", "full", "request_loads", "request_digest", "stream", "live")
+PARTS = (
+    "whole",
+    "build",
+    "full",
+    "request_loads",
+    "request_digest",
+    "request_bytes",
+    "stream",
+    "live",
+)
 BODY_BYTES = 300_000
 EVENTS = 297  # content deltas; the stream has 300 events (`Params.chat_events`)
 
@@ -165,6 +176,10 @@ def _runner(part: str, bodies: list[bytes], pieces: list[bytes]) -> Any:
     if part == "request_digest":
         parsed = [canonical.loads(b) for b in bodies]
         return lambda i: api.request_digest(parsed[i])
+    if part == "request_bytes":
+        if not hasattr(api, "request_digest_bytes"):  # a tree from before it
+            return lambda i: api.request_digest(canonical.loads(bodies[i]))
+        return lambda i: api.request_digest_bytes(bodies[i])
     if part == "stream":
         rest = b"".join(pieces[1:])
 
