@@ -179,13 +179,19 @@ class OpenAIChat(ChatApi):
     def item_digest(self, item: Any) -> MessageDigest:
         return message_digest(item)
 
+    def tools_digest(self, tools: Any) -> tuple[list[ToolDigest], str | None]:
+        return tools_part(self, tools, tool_name)
+
     def request_digest(
-        self, body: dict[str, Any], items: list[MessageDigest] | None = None
+        self,
+        body: dict[str, Any],
+        items: list[MessageDigest] | None = None,
+        tools_of: tuple[list[ToolDigest], str | None] | None = None,
     ) -> RequestDigest:
         stream = body.get("stream")
         options = body.get("options")
         model = body.get("model")
-        tools, tools_hash = tools_part(self, body.get("tools"), tool_name)
+        tools, tools_hash = self.tools_digest(body.get("tools")) if tools_of is None else tools_of
         return {
             "model": model if isinstance(model, str) else None,
             "params": {
@@ -615,26 +621,37 @@ class SSEMerger:
         (`learn`).  False when the text does not match the template; then the
         caller parses it and calls `add`, as for any event.
         """
+        return self.add_same_run([text], 0) == 1
+
+    def add_same_run(self, texts: list[str], start: int) -> int:
+        """`add_same` on `texts[start:]` until one is not folded; the index of that one.
+
+        One loop for a run of events: llama-server's content deltas come
+        hundreds in a row.
+        """
         prefix = self._prefix
-        if prefix is None or not text.startswith(prefix):
-            return False
+        if prefix is None:
+            return start
         suffix = self._suffix
-        end = len(text) - len(suffix)
-        if end < len(prefix) or not text.endswith(suffix):
-            return False
-        body = text[len(prefix) : end]
-        if '"' in body or "\\" in body or not body.isprintable():
-            # Escapes, or characters printed as such: let the JSON parser say
-            # whether it is one string, and what it holds.
-            try:
-                value = _STRING.decode(f'"{body}"')
-            except Exception:
-                return False
-        else:
-            value = body  # a JSON string body with nothing to unescape
-        self._count += 1
-        self._parts.append(value)
-        return True
+        low, cut = len(prefix), len(suffix)
+        append = self._parts.append
+        at = start
+        for text in texts[start:] if start else texts:
+            end = len(text) - cut
+            if end < low or not text.startswith(prefix) or not text.endswith(suffix):
+                break
+            body = text[low:end]
+            if '"' in body or "\\" in body or not body.isprintable():
+                # Escapes, or characters printed as such: let the JSON parser
+                # say whether it is one string, and what it holds.
+                try:
+                    body = _STRING.decode(f'"{body}"')
+                except Exception:
+                    break
+            append(body)  # else a JSON string body with nothing to unescape
+            at += 1
+        self._count += at - start
+        return at
 
     def result(self) -> dict[str, Any] | None:
         """The merged completion, or None if no event was added."""

@@ -92,6 +92,7 @@ class StreamCapture:
         "_merger",
         "_parsed",
         "_parser",
+        "_run",
         "_same",
         "bad_chunks",
         "body_bytes",
@@ -115,6 +116,7 @@ class StreamCapture:
         # A merger that can fold an event from its text alone, when it repeats the
         # last one but for a string it appends (`SSEMerger.add_same`); SSE only.
         self._same: Any = getattr(self._merger, "add_same", None) if kind == "sse" else None
+        self._run: Any = getattr(self._merger, "add_same_run", None) if kind == "sse" else None
         self.kind = kind
         self.limit = max(0, int(limit))
         self.chunks = 0
@@ -151,8 +153,24 @@ class StreamCapture:
         except Exception:
             self.internal_errors += 1
             return
-        for item in items:
-            self._item(item)
+        run = self._run
+        if run is None:
+            for item in items:
+                self._item(item)
+            return
+        at, count = 0, len(items)
+        while at < count:
+            try:
+                folded = run(items, at) - at  # the events `add_same` takes, in one loop
+            except Exception:
+                self.internal_errors += 1
+                folded = 0
+            self.events += folded
+            self.chunks += folded
+            at += folded
+            if at < count:
+                self._item(items[at])
+                at += 1
 
     def _item(self, item: str | bytes) -> None:
         self.events += 1
