@@ -125,13 +125,21 @@ class ChatApi:
         raise NotImplementedError
 
     def request_digest(
-        self, body: dict[str, Any], items: list[MessageDigest] | None = None
+        self,
+        body: dict[str, Any],
+        items: list[MessageDigest] | None = None,
+        tools_of: tuple[list[ToolDigest], str | None] | None = None,
     ) -> RequestDigest:
         """The request digest of a body (an object).
 
-        `items`: the digests of the items of `body[messages_key]`, already
-        taken (`request_digest_bytes`); the body need not hold them then.
+        `items`: the digests of the items of `body[messages_key]`, and
+        `tools_of`: `tools_digest` of `body["tools"]`, already taken
+        (`request_digest_bytes`); the body need not hold those values then.
         """
+        raise NotImplementedError
+
+    def tools_digest(self, tools: Any) -> tuple[list[ToolDigest], str | None]:
+        """The `tools` digests and `tools_hash` of a body's `tools` value (`tools_part`)."""
         raise NotImplementedError
 
     def item_digest(self, item: Any) -> MessageDigest:
@@ -170,10 +178,18 @@ class ChatApi:
         raw_items = top.pop(key, None)
         if raw_items is None:
             return None
+        raw_tools = top.pop("tools", None)
         body = {name: canonical.loads(raw, depth=1) for name, raw in top.items()}
         cache = self._cache
         if cache is None:
             cache = self._cache = DigestCache()
+        tools_of = None
+        if raw_tools is not None:  # agents resend the same tools every turn too
+            tools_key = _TOOLS + bytes(raw_tools)
+            tools_of = cache.get(tools_key)
+            if tools_of is None:
+                tools_of = self.tools_digest(canonical.loads(tools_key[1:], depth=1))
+                cache.put(tools_key, tools_of)
         digests: list[MessageDigest] = []
         for raw in _ITEMS.decode(raw_items):  # not an array: raises, the plain way
             item = bytes(raw)
@@ -182,7 +198,7 @@ class ChatApi:
                 digest = self.item_digest(canonical.loads(item, depth=2))
                 cache.put(item, digest)
             digests.append(digest)
-        return self.request_digest(body, digests)
+        return self.request_digest(body, digests, tools_of)
 
     def merger(self) -> Merger:
         """A fresh merger for one streamed response."""
@@ -232,7 +248,7 @@ ENTRY_BYTES = 512
 
 
 class DigestCache:
-    """Message digests by the message's JSON bytes; the least recently used go first.
+    """Message digests (and tools digests) by their JSON bytes; the least recently used go first.
 
     A digest is a function of the message's value alone, and the same bytes
     parse to the same value, so a hit gives exactly the digest a parse
@@ -245,15 +261,15 @@ class DigestCache:
     def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
         self.size = 0
-        self._map: dict[bytes, MessageDigest] = {}  # oldest first
+        self._map: dict[bytes, Any] = {}  # oldest first
 
-    def get(self, key: bytes) -> MessageDigest | None:
+    def get(self, key: bytes) -> Any:
         digest = self._map.pop(key, None)
         if digest is not None:
             self._map[key] = digest  # now the most recent
         return digest
 
-    def put(self, key: bytes, digest: MessageDigest) -> None:
+    def put(self, key: bytes, digest: Any) -> None:
         cost = len(key) + ENTRY_BYTES
         if cost > self.max_bytes:
             return
@@ -273,6 +289,8 @@ class DigestCache:
 _ENVELOPE = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 _KEY = msgspec.json.Decoder(str)
+_TOOLS = b"\x00"
+"""Before a `tools` value's bytes in the cache: no message's JSON starts with it."""
 _WS = b" \t\r\n"
 _SPACE = re.compile(rb"[ \t\r\n]*")
 

@@ -23,7 +23,13 @@ from llmp.apis.base import (
 from llmp.apis.openai_chat import timings_into
 from llmp.format.canonical import dumps
 from llmp.format.measure import SERVER
-from llmp.format.schema import MessageDigest, RequestDigest, ResponseDigest, ToolCallRef
+from llmp.format.schema import (
+    MessageDigest,
+    RequestDigest,
+    ResponseDigest,
+    ToolCallRef,
+    ToolDigest,
+)
 
 __all__ = [
     "OpenAIResponses",
@@ -162,8 +168,14 @@ class OpenAIResponses(ChatApi):
     def item_digest(self, item: Any) -> MessageDigest:
         return _item_with_text(item)[0]
 
+    def tools_digest(self, tools: Any) -> tuple[list[ToolDigest], str | None]:
+        return tools_part(self, tools, _tool_name)
+
     def request_digest(
-        self, body: dict[str, Any], items: list[MessageDigest] | None = None
+        self,
+        body: dict[str, Any],
+        items: list[MessageDigest] | None = None,
+        tools_of: tuple[list[ToolDigest], str | None] | None = None,
     ) -> RequestDigest:
         if items is None:
             messages = [d for d, _ in self.messages_with_text(body)]
@@ -171,7 +183,7 @@ class OpenAIResponses(ChatApi):
             messages = [d for d, _ in _instructions_with_text(body)] + items
         stream = body.get("stream")
         model = body.get("model")
-        tools, tools_hash = tools_part(self, body.get("tools"), _tool_name)
+        tools, tools_hash = self.tools_digest(body.get("tools")) if tools_of is None else tools_of
         return {
             "model": model if isinstance(model, str) else None,
             "params": {
