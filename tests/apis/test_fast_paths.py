@@ -280,12 +280,12 @@ def test_hostile_bodies_digest_the_same(api: ChatApi) -> None:
 def test_the_cache_is_bounded_in_bytes() -> None:
     cache = DigestCache(max_bytes=10_000)
     for i in range(100):
-        cache.put(b"x" * 1000 + str(i).encode(), {"i": i})  # type: ignore[typeddict-item]
+        cache.put(b"x" * 1000 + str(i).encode(), {"i": i})
     assert cache.size <= 10_000
     assert 0 < len(cache) < 10
     assert cache.get(b"x" * 1000 + b"99") == {"i": 99}
     assert cache.get(b"x" * 1000 + b"0") is None  # the oldest went first
-    cache.put(b"y" * 20_000, {"i": -1})  # type: ignore[typeddict-item]
+    cache.put(b"y" * 20_000, {"i": -1})
     assert cache.get(b"y" * 20_000) is None  # larger than the whole cache: not kept
 
 

@@ -10,6 +10,7 @@ through orjson with sorted keys; kept number text is emitted verbatim as an
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import msgspec
@@ -28,7 +29,6 @@ except Exception:  # pragma: no cover - fnv-c missing, or laid out differently
 
 __all__ = [
     "EMPTY_HASH",
-    "DigitRuns",
     "NotJSON",
     "RawFloat",
     "RawInt",
@@ -40,6 +40,7 @@ __all__ = [
     "loads",
     "loads_stdlib",
     "record_dumps",
+    "short_ints_only",
 ]
 
 FNV_OFFSET = 0xCBF29CE484222325
@@ -147,7 +148,7 @@ def loads(
     (`tests/format/test_canonical_fast.py`).
 
     `short_ints`: the caller knows the text has no run of 19 digits
-    (`DigitRuns`), so no integer outside 64 bits; the walk, which costs more
+    (`short_ints_only`), so no integer outside 64 bits; the walk, which costs more
     than msgspec's parse of a stream event, is then left out unless there
     are enough brackets to nest too deep.
 
@@ -203,36 +204,21 @@ def _settle(value: dict[str, Any] | list[Any], depth: int) -> None:
             value[key] = _parse_int(str(item))  # type: ignore[index]
 
 
-_DIGIT_MAP = bytes(0x30 if 0x30 <= i <= 0x39 else 0x20 for i in range(256))
-_RUN = b"0" * 19
+_LONG_DIGITS = re.compile(r"[0-9]{19}")
+_LONG_DIGITS_B = re.compile(rb"[0-9]{19}")
 """The shortest integer outside 64 bits, -9223372036854775809, has 19 digits."""
 
 
-class DigitRuns:
-    """Watches bytes, fed in order, for a run of 19 ASCII digits.
+def short_ints_only(text: str | bytes) -> bool:
+    """Whether `text` holds no run of 19 ASCII digits, so no integer outside 64 bits.
 
-    Without one, no JSON text cut from those bytes (a stream's events: the
-    SSE and NDJSON parsers only drop prefixes and line ends, and UTF-8 puts
-    no ASCII byte inside a character) can hold an integer outside 64 bits,
-    and `loads(..., short_ints=True)` may skip its walk.  A C pass over the
-    bytes costs a fraction of the walk over every event.
+    Then `loads(text, short_ints=True)` may skip its walk: a stream's events
+    are checked one by one (a C pass over a few hundred bytes), where the
+    walk over every event cost more than msgspec's parse of it.
     """
-
-    __slots__ = ("_carry", "found")
-
-    def __init__(self) -> None:
-        self.found = False
-        self._carry = b""  # the digits that ended the last piece, as a run may go on
-
-    def feed(self, data: bytes) -> None:
-        if self.found or not data:
-            return
-        mapped = self._carry + data.translate(_DIGIT_MAP)
-        if _RUN in mapped:
-            self.found = True
-            return
-        tail = mapped[-(len(_RUN) - 1) :]
-        self._carry = tail[len(tail.rstrip(b"0")) :]
+    if isinstance(text, str):
+        return _LONG_DIGITS.search(text) is None
+    return _LONG_DIGITS_B.search(text) is None
 
 
 def loads_stdlib(data: bytes | bytearray | memoryview | str, *, depth: int = 0) -> Any:

@@ -88,7 +88,6 @@ class StreamCapture:
 
     __slots__ = (
         "_closed",
-        "_digits",
         "_merger",
         "_parsed",
         "_parser",
@@ -130,7 +129,6 @@ class StreamCapture:
         self.internal_errors = 0
         self._parsed = 0
         self._closed = False
-        self._digits = canonical.DigitRuns()  # what was parsed: may an event hold a huge integer?
 
     def feed(self, piece: bytes | bytearray | memoryview) -> None:
         """Account for one piece of the body and parse what fits in the limit."""
@@ -148,7 +146,6 @@ class StreamCapture:
                     return
                 piece = piece[:room]
             self._parsed += len(piece)
-            self._digits.feed(piece)  # before the parser: its events come from these bytes
             items = self._parser.feed(piece)
         except Exception:
             self.internal_errors += 1
@@ -183,7 +180,7 @@ class StreamCapture:
             if same is not None and same(item):
                 return  # the last event again, but for the string it appends: folded
             try:
-                obj = canonical.loads(item, short_ints=not self._digits.found)
+                obj = canonical.loads(item, short_ints=canonical.short_ints_only(item))
             except canonical.NotJSON:
                 obj = None
             if not isinstance(obj, dict):
