@@ -27,6 +27,9 @@ The parts:
   SSE, per-event JSON, the merge) and its response digest;
 - live: the live view fed the record's line.
 
+`--cold`: every request is another conversation, so no message was seen
+before: what the first request of a conversation costs.
+
 `--growing`: exchange k's request is the conversation after k more turns
 (an assistant message with a tool call, and its result, added each time),
 as an agent resends its whole history.  The bench sends the same body
@@ -82,11 +85,14 @@ def stream_pieces(events: int) -> list[bytes]:
     return [_payload(f) for f in frames]
 
 
-def request_bodies(count: int, growing: bool, seed: int = 7) -> list[bytes]:
-    """`count` request bodies: the bench's one, or a conversation growing by a turn each."""
+def request_bodies(count: int, growing: bool, seed: int = 7, cold: bool = False) -> list[bytes]:
+    """`count` request bodies: the bench's one, a conversation growing by a turn
+    each, or (`cold`) bodies that share no message."""
     sys.path.insert(0, str(BENCH_DIR))
     from recorder import chat_body
 
+    if cold:
+        return [chat_body(BODY_BYTES, seed + 1000 + k) for k in range(count)]
     body = chat_body(BODY_BYTES, seed)
     if not growing:
         return [body] * count
@@ -233,6 +239,9 @@ def main() -> None:
         "--growing", action="store_true", help="a conversation growing by a turn each exchange"
     )
     ap.add_argument(
+        "--cold", action="store_true", help="every request another conversation (no message seen)"
+    )
+    ap.add_argument(
         "--addon-dir", default=str(REPO_DIR / "addon"), help="the tree whose llmp is measured"
     )
     ap.add_argument(
@@ -253,7 +262,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "exchanges.pickle")
         with open(data, "wb") as f:
-            pickle.dump((request_bodies(args.n + 1, args.growing), stream_pieces(EVENTS)), f)
+            bodies = request_bodies(args.n + 1, args.growing, cold=args.cold)
+            pickle.dump((bodies, stream_pieces(EVENTS)), f)
         me = [sys.executable, os.path.abspath(__file__), "--worker", data]
         if args.profile:
             import cProfile
@@ -271,7 +281,13 @@ def main() -> None:
             prof.disable()
             pstats.Stats(prof).sort_stats("tottime").print_stats(30)
             return
-        what = "a growing conversation" if args.growing else "the bench's body every time"
+        what = (
+            "a new conversation every time"
+            if args.cold
+            else "a growing conversation"
+            if args.growing
+            else "the bench's body every time"
+        )
         print(f"llmp from {addon}; {args.n} exchanges after a warm-up; {what}")
         print(f"{'part':<16} {'M instructions per exchange':>28}")
         for part in args.parts.split(","):
