@@ -167,30 +167,24 @@ def test_random_documents_agree() -> None:
         _same(text)
 
 
-# -- DigitRuns and short_ints: a stream's events skip the walk when no integer can be huge
+# -- short_ints_only and short_ints: a stream's events skip the walk when no integer can be huge
 
 
-def _runs(*pieces: bytes) -> bool:
-    runs = canonical.DigitRuns()
-    for piece in pieces:
-        runs.feed(piece)
-    return runs.found
+def test_short_ints_only_finds_19_digits() -> None:
+    for text in ('{"n":-9223372036854775809}', '{"n":18446744073709551616}', "1" * 19):
+        assert not canonical.short_ints_only(text)
+        assert not canonical.short_ints_only(text.encode())
 
 
-def test_digit_runs_finds_19_digits_in_any_split() -> None:
-    text = b'data: {"n":-9223372036854775809}\n\n'
-    assert _runs(text)
-    for cut in range(len(text) + 1):
-        assert _runs(text[:cut], text[cut:]), cut
-    assert _runs(*(bytes([b]) for b in text))
-
-
-def test_digit_runs_needs_19_in_a_row() -> None:
-    assert not _runs(b"922337203685477580 x 1760000000")  # 18 digits, then 10
-    assert not _runs(b"123456789", b"012345678", b" 9")  # 18 across pieces, then a break
-    assert not _runs(b"12345678901234567", b"", b"8x9")
-    assert _runs(b"1234567890", b"123456789")  # 19 across pieces
-    assert not _runs(b"chatcmpl-Xq3vR8bT0mK2wL9pZ4sN7cY1fH6dJ5aE")
+def test_short_ints_only_needs_19_in_a_row() -> None:
+    for text in (
+        "922337203685477580 x 1760000000",  # 18 digits, then 10
+        "123456789 012345678",  # 18 with a break
+        "chatcmpl-Xq3vR8bT0mK2wL9pZ4sN7cY1fH6dJ5aE",
+        "\uff11" * 19,  # not ASCII digits, which are all a JSON integer can hold
+    ):
+        assert canonical.short_ints_only(text)
+        assert canonical.short_ints_only(text.encode("utf-8"))
 
 
 def test_short_ints_still_rejects_deep_nesting() -> None:
@@ -212,7 +206,7 @@ def test_short_ints_gives_the_same_values_without_huge_integers() -> None:
     rng = random.Random(41)
     for _ in range(500):
         text = _random_json(rng)
-        if _runs(text.encode("utf-8")):
+        if not canonical.short_ints_only(text):
             continue
         assert _outcome(lambda d: canonical.loads(d, short_ints=True), text) == _outcome(
             canonical.loads_stdlib, text

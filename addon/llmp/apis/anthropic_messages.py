@@ -27,7 +27,13 @@ from llmp.apis.openai_chat import timings_into
 from llmp.format import canonical
 from llmp.format.canonical import dumps
 from llmp.format.measure import SERVER
-from llmp.format.schema import MessageDigest, RequestDigest, ResponseDigest, ToolCallRef
+from llmp.format.schema import (
+    MessageDigest,
+    RequestDigest,
+    ResponseDigest,
+    ToolCallRef,
+    ToolDigest,
+)
 
 __all__ = [
     "AnthropicMessages",
@@ -128,6 +134,23 @@ def _tool_result_id(content: Any) -> Any:
     return None
 
 
+def _system_with_text(body: dict[str, Any]) -> list[tuple[MessageDigest, str]]:
+    """The `system` value as messages, one per block (R22)."""
+    system = body.get("system")
+    if isinstance(system, str):
+        return [_message_with_text("system", _hashed_content(system))]
+    if isinstance(system, list):
+        return [_message_with_text("system", [strip_cache_control(b)]) for b in system]
+    return []
+
+
+def _item_with_text(msg: Any) -> tuple[MessageDigest, str]:
+    """One item of `messages` (anything: not an object counts as an empty one)."""
+    if not isinstance(msg, dict):
+        msg = {}
+    return _message_with_text(msg.get("role"), _hashed_content(msg.get("content")))
+
+
 def _message_with_text(role: Any, content: Any) -> tuple[MessageDigest, str]:
     """A digest from a role and content already normalised and stripped."""
     text = content_text(content)
@@ -164,29 +187,35 @@ class AnthropicMessages(ChatApi):
 
     def messages_with_text(self, body: dict[str, Any]) -> list[tuple[MessageDigest, str]]:
         """The `system` value first (one message per block), then `messages` (R22)."""
-        out: list[tuple[MessageDigest, str]] = []
-        system = body.get("system")
-        if isinstance(system, str):
-            out.append(_message_with_text("system", _hashed_content(system)))
-        elif isinstance(system, list):
-            for block in system:
-                out.append(_message_with_text("system", [strip_cache_control(block)]))
+        out = _system_with_text(body)
         messages = body.get("messages")
         if isinstance(messages, list):
-            for msg in messages:
-                if not isinstance(msg, dict):
-                    msg = {}
-                out.append(_message_with_text(msg.get("role"), _hashed_content(msg.get("content"))))
+            out.extend(_item_with_text(msg) for msg in messages)
         return out
+
+    def item_digest(self, item: Any) -> MessageDigest:
+        return _item_with_text(item)[0]
 
     def tool_json(self, tool: Any) -> bytes:
         """A tool definition (or the tools array) as canonical JSON, without markers."""
         return dumps(strip_cache_control(tool))
 
-    def request_digest(self, body: dict[str, Any]) -> RequestDigest:
+    def tools_digest(self, tools: Any) -> tuple[list[ToolDigest], str | None]:
+        return tools_part(self, tools, _tool_name)
+
+    def request_digest(
+        self,
+        body: dict[str, Any],
+        items: list[MessageDigest] | None = None,
+        tools_of: tuple[list[ToolDigest], str | None] | None = None,
+    ) -> RequestDigest:
+        if items is None:
+            messages = [d for d, _ in self.messages_with_text(body)]
+        else:
+            messages = [d for d, _ in _system_with_text(body)] + items
         stream = body.get("stream")
         model = body.get("model")
-        tools, tools_hash = tools_part(self, body.get("tools"), _tool_name)
+        tools, tools_hash = self.tools_digest(body.get("tools")) if tools_of is None else tools_of
         return {
             "model": model if isinstance(model, str) else None,
             "params": {
@@ -195,7 +224,7 @@ class AnthropicMessages(ChatApi):
                 "grammar": False,
                 "stream": stream if isinstance(stream, bool) else False,
             },
-            "messages": [d for d, _ in self.messages_with_text(body)],
+            "messages": messages,
             "tools": tools,
             "tools_hash": tools_hash,
         }

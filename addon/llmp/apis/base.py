@@ -13,9 +13,13 @@ turns those into the digest.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+import msgspec
+
+from llmp.format import canonical
 from llmp.format.canonical import EMPTY_HASH, dumps, hash_bytes, hash_text
 from llmp.format.measure import MV, SERVER
 from llmp.format.schema import (
@@ -36,6 +40,7 @@ __all__ = [
     "ChatApi",
     "CountHints",
     "Counts",
+    "DigestCache",
     "Merger",
     "digest_message",
     "edge_hashes",
@@ -111,14 +116,89 @@ class ChatApi:
     """The `api` value of its rows (R6, R21)."""
     stream: ClassVar[StreamKind]
     """How it streams: "sse" or "ndjson"."""
+    messages_key: ClassVar[str] = "messages"
+    """The body's array of messages, each digested alone (`item_digest`)."""
+    _cache: DigestCache | None = None
 
     def matches(self, method: str, path: str) -> bool:
         """Whether a request (its path without the query) belongs to this API."""
         raise NotImplementedError
 
-    def request_digest(self, body: dict[str, Any]) -> RequestDigest:
-        """The request digest of a body (an object)."""
+    def request_digest(
+        self,
+        body: dict[str, Any],
+        items: list[MessageDigest] | None = None,
+        tools_of: tuple[list[ToolDigest], str | None] | None = None,
+    ) -> RequestDigest:
+        """The request digest of a body (an object).
+
+        `items`: the digests of the items of `body[messages_key]`, and
+        `tools_of`: `tools_digest` of `body["tools"]`, already taken
+        (`request_digest_bytes`); the body need not hold those values then.
+        """
         raise NotImplementedError
+
+    def tools_digest(self, tools: Any) -> tuple[list[ToolDigest], str | None]:
+        """The `tools` digests and `tools_hash` of a body's `tools` value (`tools_part`)."""
+        raise NotImplementedError
+
+    def item_digest(self, item: Any) -> MessageDigest:
+        """The digest of one item of the body's `messages_key` array, any JSON value."""
+        raise NotImplementedError
+
+    def request_digest_bytes(self, data: bytes) -> RequestDigest | None:
+        """`request_digest` of the body `data` holds; None when it holds no JSON object.
+
+        The same digest, taken faster when the body repeats messages sent
+        before: an agent resends its whole history every turn.  Each item of
+        the messages array is cut out unparsed (msgspec's `Raw`), and its
+        digest is looked up by its bytes (`DigestCache`); only the others
+        are parsed (`canonical.loads`, at their depth) and digested.  The
+        rest of the body is parsed as always.  Whatever this path cannot
+        vouch for (no messages array, a repeated top-level key, anything
+        unusual) goes the plain way: the whole body parsed, then digested.
+        """
+        try:
+            digest = self._digest_by_items(data)
+        except Exception:  # not JSON, or not as expected: the plain way decides
+            digest = None
+        if digest is not None:
+            return digest
+        try:
+            body = canonical.loads(data)
+        except canonical.NotJSON:
+            return None
+        return self.request_digest(body) if isinstance(body, dict) else None
+
+    def _digest_by_items(self, data: bytes) -> RequestDigest | None:
+        top = _top_level(data)
+        if top is None:
+            return None
+        key = self.messages_key
+        raw_items = top.pop(key, None)
+        if raw_items is None:
+            return None
+        raw_tools = top.pop("tools", None)
+        body = {name: canonical.loads(raw, depth=1) for name, raw in top.items()}
+        cache = self._cache
+        if cache is None:
+            cache = self._cache = DigestCache()
+        tools_of = None
+        if raw_tools is not None:  # agents resend the same tools every turn too
+            tools_key = _TOOLS + bytes(raw_tools)
+            tools_of = cache.get(tools_key)
+            if tools_of is None:
+                tools_of = self.tools_digest(canonical.loads(tools_key[1:], depth=1))
+                cache.put(tools_key, tools_of)
+        digests: list[MessageDigest] = []
+        for raw in _ITEMS.decode(raw_items):  # not an array: raises, the plain way
+            item = bytes(raw)
+            digest = cache.get(item)
+            if digest is None:
+                digest = self.item_digest(canonical.loads(item, depth=2))
+                cache.put(item, digest)
+            digests.append(digest)
+        return self.request_digest(body, digests, tools_of)
 
     def merger(self) -> Merger:
         """A fresh merger for one streamed response."""
@@ -157,6 +237,112 @@ class ChatApi:
 
     def __repr__(self) -> str:
         return f"<api {self.name}>"
+
+
+# -- the digest cache --------------------------------------------------------------
+
+CACHE_BYTES = 16 << 20
+"""What a `DigestCache` holds at most: its keys' bytes, and `ENTRY_BYTES` per entry."""
+ENTRY_BYTES = 512
+"""About what a message digest costs in memory, beside its key."""
+
+
+class DigestCache:
+    """Message digests (and tools digests) by their JSON bytes; the least recently used go first.
+
+    A digest is a function of the message's value alone, and the same bytes
+    parse to the same value, so a hit gives exactly the digest a parse
+    would.  The digests are shared, not copied: whoever gets one must not
+    change it.  One cache per API: their digests differ for the same bytes.
+    """
+
+    __slots__ = ("_map", "max_bytes", "size")
+
+    def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.size = 0
+        self._map: dict[bytes, Any] = {}  # oldest first
+
+    def get(self, key: bytes) -> Any:
+        digest = self._map.pop(key, None)
+        if digest is not None:
+            self._map[key] = digest  # now the most recent
+        return digest
+
+    def put(self, key: bytes, digest: Any) -> None:
+        cost = len(key) + ENTRY_BYTES
+        if cost > self.max_bytes:
+            return
+        if key in self._map:
+            return
+        self._map[key] = digest
+        self.size += cost
+        while self.size > self.max_bytes:
+            old = next(iter(self._map))
+            del self._map[old]
+            self.size -= len(old) + ENTRY_BYTES
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+
+_ENVELOPE = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+_KEY = msgspec.json.Decoder(str)
+_TOOLS = b"\x00"
+"""Before a `tools` value's bytes in the cache: no message's JSON starts with it."""
+_WS = b" \t\r\n"
+_SPACE = re.compile(rb"[ \t\r\n]*")
+
+
+def _top_level(data: bytes) -> dict[str, msgspec.Raw] | None:
+    """The top-level values of a JSON object, unparsed; None if a key repeats.
+
+    msgspec keeps a repeated key's last value and skips the others without
+    checking their text (UTF-8, escapes), which a full parse would reject.
+    So the text must be exactly `{`, each key as a JSON string, `:` and its
+    value, in order and `,`-separated, then `}`, with whitespace between.
+    """
+    top = _ENVELOPE.decode(data)
+    if not top:
+        return None
+    ws = _SPACE.match
+    pos = 0
+    opener = b"{"
+    for key, raw in top.items():
+        pos = ws(data, pos).end()  # type: ignore[union-attr]
+        if data[pos : pos + 1] != opener:
+            return None
+        pos = ws(data, pos + 1).end()  # type: ignore[union-attr]
+        end = _string_end(data, pos)
+        if end < 0 or _KEY.decode(data[pos : end + 1]) != key:
+            return None
+        pos = ws(data, end + 1).end()  # type: ignore[union-attr]
+        if data[pos : pos + 1] != b":":
+            return None
+        pos = ws(data, pos + 1).end()  # type: ignore[union-attr]
+        if not data.startswith(raw, pos):
+            return None
+        pos += len(raw)
+        opener = b","
+    return top if data[pos:].strip(_WS) == b"}" else None
+
+
+def _string_end(data: bytes, start: int) -> int:
+    """The index of the quote ending the JSON string that opens at `start`, or -1."""
+    if data[start : start + 1] != b'"':
+        return -1
+    end = start + 1
+    while True:
+        end = data.find(b'"', end)
+        if end < 0:
+            return -1
+        slashes = 0
+        while data[end - 1 - slashes] == 0x5C:  # a backslash
+            slashes += 1
+        if not slashes % 2:
+            return end
+        end += 1
 
 
 # -- shared digest pieces --------------------------------------------------------

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import msgspec
+
 from llmp.apis.base import (
     MISSING,
     ChatApi,
@@ -24,6 +26,7 @@ from llmp.apis.base import (
     nonneg,
     tools_part,
 )
+from llmp.format import canonical
 from llmp.format.canonical import dumps
 from llmp.format.measure import SERVER
 from llmp.format.schema import (
@@ -173,11 +176,22 @@ class OpenAIChat(ChatApi):
         messages = body.get("messages")
         return [message_with_text(m) for m in messages] if isinstance(messages, list) else []
 
-    def request_digest(self, body: dict[str, Any]) -> RequestDigest:
+    def item_digest(self, item: Any) -> MessageDigest:
+        return message_digest(item)
+
+    def tools_digest(self, tools: Any) -> tuple[list[ToolDigest], str | None]:
+        return tools_part(self, tools, tool_name)
+
+    def request_digest(
+        self,
+        body: dict[str, Any],
+        items: list[MessageDigest] | None = None,
+        tools_of: tuple[list[ToolDigest], str | None] | None = None,
+    ) -> RequestDigest:
         stream = body.get("stream")
         options = body.get("options")
         model = body.get("model")
-        tools, tools_hash = tools_part(self, body.get("tools"), tool_name)
+        tools, tools_hash = self.tools_digest(body.get("tools")) if tools_of is None else tools_of
         return {
             "model": model if isinstance(model, str) else None,
             "params": {
@@ -191,7 +205,7 @@ class OpenAIChat(ChatApi):
                 "grammar": is_set(body.get("grammar")) or is_set(body.get("json_schema")),
                 "stream": stream if isinstance(stream, bool) else self.stream_default,
             },
-            "messages": [d for d, _ in self.messages_with_text(body)],
+            "messages": [d for d, _ in self.messages_with_text(body)] if items is None else items,
             "tools": tools,
             "tools_hash": tools_hash,
         }
@@ -294,6 +308,24 @@ _DELTA_SPECIAL = frozenset({"role", "content", "tool_calls", *_REASONING_KEYS})
 _CHOICE_SPECIAL = frozenset({"index", "delta", "message", "finish_reason", "text", "logprobs"})
 _TOOL_SPECIAL = frozenset({"index", "id", "type", "function"})
 _FUNCTION_SPECIAL = frozenset({"name", "arguments"})
+_APPENDED_KEYS = ("content", *_REASONING_KEYS)
+"""The delta's strings that a merge appends: `SSEMerger.add_same` folds an event of one."""
+_STRING = msgspec.json.Decoder(str)
+
+
+def _string_end(text: str, start: int) -> int:
+    """The index of the quote that ends the JSON string whose body starts at `start`, or -1."""
+    end = start
+    while True:
+        end = text.find('"', end)
+        if end < 0:
+            return -1
+        slashes = 0
+        while text[end - 1 - slashes] == "\\":
+            slashes += 1
+        if not slashes % 2:
+            return end
+        end += 1
 
 
 # --------------------------------------------------------------------------- SSE
@@ -499,18 +531,23 @@ class SSEMerger:
       last-non-null); legacy ``text`` concatenated; other keys last-non-null.
     """
 
-    __slots__ = ("_choices", "_count", "_top", "ended")
+    __slots__ = ("_choices", "_count", "_parts", "_prefix", "_suffix", "_top", "ended")
 
     def __init__(self) -> None:
         self.ended = False  # the end is `data: [DONE]`, which is no JSON event (StreamCapture)
         self._top: dict[Any, Any] = {}  # first-seen key order, last non-null value
         self._choices: dict[int, _Choice] = {}
         self._count = 0
+        # `add_same`'s template: the last event's text around its one appended string.
+        self._prefix: str | None = None
+        self._suffix = ""
+        self._parts: list[str] = []  # where that string's value goes
 
     def add(self, event: dict[str, Any]) -> None:
         """Fold one parsed event into the merge; non-objects are ignored."""
         if not isinstance(event, dict):
             return
+        self._prefix = None  # the template was the last event's: this one is the last now
         self._count += 1
         top = self._top
         for key, value in event.items():
@@ -529,6 +566,92 @@ class SSEMerger:
             if state is None:
                 state = self._choices[index] = _Choice()
             state.add(choice)
+
+    def learn(self, event: dict[str, Any], text: str) -> None:
+        """After `add(event)`: keep `text` as the template `add_same` matches the next event to.
+
+        Only for an event whose merge, apart from one string it appends (the
+        delta's `content`, or a reasoning key), gives the same state when
+        applied again: one choice, no tool calls, no `text`, no logprobs.
+        Every other key is first-non-null or last-non-null, so an event that
+        repeats them changes nothing but that string.  The string's place in
+        the text is proven by parsing the text with another string there.
+        """
+        self._prefix = None
+        try:
+            choices = event.get("choices")
+            if type(choices) is not list or len(choices) != 1 or type(choices[0]) is not dict:
+                return
+            choice = choices[0]
+            delta = choice.get("delta")
+            if (
+                type(delta) is not dict
+                or isinstance(choice.get("text"), str)
+                or choice.get("logprobs") is not None
+                or isinstance(delta.get("tool_calls"), list)
+            ):
+                return
+            keys = [k for k in _APPENDED_KEYS if isinstance(delta.get(k), str)]
+            if len(keys) != 1:
+                return
+            key = keys[0]
+            needle = f'"{key}":"'
+            if text.count(needle) != 1:
+                return
+            start = text.index(needle) + len(needle)
+            end = _string_end(text, start)
+            if end < 0:
+                return
+            prefix, suffix = text[:start], text[end:]
+            probe = "llmp-probe" if delta[key] != "llmp-probe" else "llmp-probe-2"
+            expect = dict(event)
+            expect["choices"] = [dict(choice, delta=dict(delta, **{key: probe}))]
+            if canonical.loads(prefix + probe + suffix) != expect:
+                return  # the string found is not (only) that one: e.g. a duplicate key
+            state = self._choices[index_of(choice.get("index"), 0)]
+            self._parts = state.content if key == "content" else state.reasoning[key]
+            self._prefix, self._suffix = prefix, suffix
+        except Exception:  # a surprise costs the fast path only
+            self._prefix = None
+
+    def add_same(self, text: str) -> bool:
+        """Fold an event that is the last one's text with another appended string.
+
+        True when it was: that string is appended, and nothing else changes
+        (`learn`).  False when the text does not match the template; then the
+        caller parses it and calls `add`, as for any event.
+        """
+        return self.add_same_run([text], 0) == 1
+
+    def add_same_run(self, texts: list[str], start: int) -> int:
+        """`add_same` on `texts[start:]` until one is not folded; the index of that one.
+
+        One loop for a run of events: llama-server's content deltas come
+        hundreds in a row.
+        """
+        prefix = self._prefix
+        if prefix is None:
+            return start
+        suffix = self._suffix
+        low, cut = len(prefix), len(suffix)
+        append = self._parts.append
+        at = start
+        for text in texts[start:] if start else texts:
+            end = len(text) - cut
+            if end < low or not text.startswith(prefix) or not text.endswith(suffix):
+                break
+            body = text[low:end]
+            if '"' in body or "\\" in body or not body.isprintable():
+                # Escapes, or characters printed as such: let the JSON parser
+                # say whether it is one string, and what it holds.
+                try:
+                    body = _STRING.decode(f'"{body}"')
+                except Exception:
+                    break
+            append(body)  # else a JSON string body with nothing to unescape
+            at += 1
+        self._count += at - start
+        return at
 
     def result(self) -> dict[str, Any] | None:
         """The merged completion, or None if no event was added."""

@@ -23,7 +23,13 @@ from llmp.apis.base import (
 from llmp.apis.openai_chat import timings_into
 from llmp.format.canonical import dumps
 from llmp.format.measure import SERVER
-from llmp.format.schema import MessageDigest, RequestDigest, ResponseDigest, ToolCallRef
+from llmp.format.schema import (
+    MessageDigest,
+    RequestDigest,
+    ResponseDigest,
+    ToolCallRef,
+    ToolDigest,
+)
 
 __all__ = [
     "OpenAIResponses",
@@ -94,6 +100,14 @@ def _call_ref(item: dict[str, Any]) -> ToolCallRef:
     return {"id": item.get("call_id"), "name": item.get("name")}
 
 
+def _instructions_with_text(body: dict[str, Any]) -> list[tuple[MessageDigest, str]]:
+    """`instructions`, when set, as a system message (R25)."""
+    instructions = body.get("instructions")
+    if is_set(instructions):
+        return [_item_with_text({"role": "system", "content": instructions})]
+    return []
+
+
 def _item_with_text(item: Any) -> tuple[MessageDigest, str]:
     """An item's digest: its role (or type), the whole item hashed, its text."""
     if isinstance(item, dict):
@@ -135,6 +149,7 @@ class OpenAIResponses(ChatApi):
     """`/v1/responses`, `/responses`, or a path ending in `/v1/responses`."""
 
     name = "openai_responses"
+    messages_key = "input"
     stream = "sse"
 
     def matches(self, method: str, path: str) -> bool:
@@ -142,10 +157,7 @@ class OpenAIResponses(ChatApi):
 
     def messages_with_text(self, body: dict[str, Any]) -> list[tuple[MessageDigest, str]]:
         """`instructions` first (a system message), then each `input` item (R25)."""
-        out: list[tuple[MessageDigest, str]] = []
-        instructions = body.get("instructions")
-        if is_set(instructions):
-            out.append(_item_with_text({"role": "system", "content": instructions}))
+        out = _instructions_with_text(body)
         inp = body.get("input")
         if isinstance(inp, str):
             out.append(_item_with_text({"role": "user", "content": inp}))
@@ -153,10 +165,25 @@ class OpenAIResponses(ChatApi):
             out.extend(_item_with_text(item) for item in inp)
         return out
 
-    def request_digest(self, body: dict[str, Any]) -> RequestDigest:
+    def item_digest(self, item: Any) -> MessageDigest:
+        return _item_with_text(item)[0]
+
+    def tools_digest(self, tools: Any) -> tuple[list[ToolDigest], str | None]:
+        return tools_part(self, tools, _tool_name)
+
+    def request_digest(
+        self,
+        body: dict[str, Any],
+        items: list[MessageDigest] | None = None,
+        tools_of: tuple[list[ToolDigest], str | None] | None = None,
+    ) -> RequestDigest:
+        if items is None:
+            messages = [d for d, _ in self.messages_with_text(body)]
+        else:
+            messages = [d for d, _ in _instructions_with_text(body)] + items
         stream = body.get("stream")
         model = body.get("model")
-        tools, tools_hash = tools_part(self, body.get("tools"), _tool_name)
+        tools, tools_hash = self.tools_digest(body.get("tools")) if tools_of is None else tools_of
         return {
             "model": model if isinstance(model, str) else None,
             "params": {
@@ -167,7 +194,7 @@ class OpenAIResponses(ChatApi):
                 # The server holds the start of this prompt; the request does not.
                 "previous_response": is_set(body.get("previous_response_id")),
             },
-            "messages": [d for d, _ in self.messages_with_text(body)],
+            "messages": messages,
             "tools": tools,
             "tools_hash": tools_hash,
         }

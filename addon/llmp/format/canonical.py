@@ -10,6 +10,7 @@ through orjson with sorted keys; kept number text is emitted verbatim as an
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import msgspec
@@ -28,7 +29,6 @@ except Exception:  # pragma: no cover - fnv-c missing, or laid out differently
 
 __all__ = [
     "EMPTY_HASH",
-    "DigitRuns",
     "NotJSON",
     "RawFloat",
     "RawInt",
@@ -40,6 +40,7 @@ __all__ = [
     "loads",
     "loads_stdlib",
     "record_dumps",
+    "short_ints_only",
 ]
 
 FNV_OFFSET = 0xCBF29CE484222325
@@ -131,7 +132,9 @@ def _has_surrogate(text: str) -> bool:
 _FAST: Any = None  # msgspec.json.Decoder, made at first use
 
 
-def loads(data: bytes | bytearray | memoryview | str, *, short_ints: bool = False) -> Any:
+def loads(
+    data: bytes | bytearray | memoryview | str, *, short_ints: bool = False, depth: int = 0
+) -> Any:
     """Parse JSON the way serde_json (arbitrary_precision) does, keeping number text.
 
     Raises ``NotJSON`` for anything serde_json rejects: invalid UTF-8, lone
@@ -145,9 +148,13 @@ def loads(data: bytes | bytearray | memoryview | str, *, short_ints: bool = Fals
     (`tests/format/test_canonical_fast.py`).
 
     `short_ints`: the caller knows the text has no run of 19 digits
-    (`DigitRuns`), so no integer outside 64 bits; the walk, which costs more
+    (`short_ints_only`), so no integer outside 64 bits; the walk, which costs more
     than msgspec's parse of a stream event, is then left out unless there
     are enough brackets to nest too deep.
+
+    `depth`: the text is a value cut out of that many containers (a message
+    of a request body: 2), so it may nest that much less; the result is
+    what the whole text's parse holds at that place.
     """
     global _FAST
     if _FAST is None:
@@ -155,26 +162,26 @@ def loads(data: bytes | bytearray | memoryview | str, *, short_ints: bool = Fals
     try:
         value = _FAST.decode(data)
     except Exception:  # malformed, invalid UTF-8, a lone surrogate, a huge integer
-        return loads_stdlib(data)
+        return loads_stdlib(data, depth=depth)
     if short_ints:
         if isinstance(data, memoryview):
             data = bytes(data)
         if isinstance(data, str):
-            deep = data.count("[") + data.count("{") > MAX_DEPTH
+            deep = data.count("[") + data.count("{") > MAX_DEPTH - depth
         else:
-            deep = data.count(b"[") + data.count(b"{") > MAX_DEPTH
+            deep = data.count(b"[") + data.count(b"{") > MAX_DEPTH - depth
         if not deep:
             return value
     try:
         t = type(value)
         if t is dict or t is list:
-            _settle(value, 0)
+            _settle(value, depth)
         elif t is int and not _I64_MIN <= value <= _U64_MAX:
             return _parse_int(str(value))
     except NotJSON:
         raise
     except ValueError:  # an integer too long for `str`: the stdlib keeps its text
-        return loads_stdlib(data)
+        return loads_stdlib(data, depth=depth)
     return value
 
 
@@ -197,39 +204,24 @@ def _settle(value: dict[str, Any] | list[Any], depth: int) -> None:
             value[key] = _parse_int(str(item))  # type: ignore[index]
 
 
-_DIGIT_MAP = bytes(0x30 if 0x30 <= i <= 0x39 else 0x20 for i in range(256))
-_RUN = b"0" * 19
+_LONG_DIGITS = re.compile(r"[0-9]{19}")
+_LONG_DIGITS_B = re.compile(rb"[0-9]{19}")
 """The shortest integer outside 64 bits, -9223372036854775809, has 19 digits."""
 
 
-class DigitRuns:
-    """Watches bytes, fed in order, for a run of 19 ASCII digits.
+def short_ints_only(text: str | bytes) -> bool:
+    """Whether `text` holds no run of 19 ASCII digits, so no integer outside 64 bits.
 
-    Without one, no JSON text cut from those bytes (a stream's events: the
-    SSE and NDJSON parsers only drop prefixes and line ends, and UTF-8 puts
-    no ASCII byte inside a character) can hold an integer outside 64 bits,
-    and `loads(..., short_ints=True)` may skip its walk.  A C pass over the
-    bytes costs a fraction of the walk over every event.
+    Then `loads(text, short_ints=True)` may skip its walk: a stream's events
+    are checked one by one (a C pass over a few hundred bytes), where the
+    walk over every event cost more than msgspec's parse of it.
     """
-
-    __slots__ = ("_carry", "found")
-
-    def __init__(self) -> None:
-        self.found = False
-        self._carry = b""  # the digits that ended the last piece, as a run may go on
-
-    def feed(self, data: bytes) -> None:
-        if self.found or not data:
-            return
-        mapped = self._carry + data.translate(_DIGIT_MAP)
-        if _RUN in mapped:
-            self.found = True
-            return
-        tail = mapped[-(len(_RUN) - 1) :]
-        self._carry = tail[len(tail.rstrip(b"0")) :]
+    if isinstance(text, str):
+        return _LONG_DIGITS.search(text) is None
+    return _LONG_DIGITS_B.search(text) is None
 
 
-def loads_stdlib(data: bytes | bytearray | memoryview | str) -> Any:
+def loads_stdlib(data: bytes | bytearray | memoryview | str, *, depth: int = 0) -> Any:
     """`loads` with the stdlib's parser only: the reference the fast path must match."""
     if isinstance(data, str):
         text = data
@@ -255,9 +247,9 @@ def loads_stdlib(data: bytes | bytearray | memoryview | str) -> Any:
     # way to smuggle a lone surrogate past a strict UTF-8 decode, and depth
     # can only exceed the limit with that many opening brackets.
     surrogates = "\\ud" in text or "\\uD" in text
-    deep = text.count("[") + text.count("{") > MAX_DEPTH
+    deep = text.count("[") + text.count("{") > MAX_DEPTH - depth
     if surrogates or deep:
-        _check(value, 0, surrogates)
+        _check(value, depth, surrogates)
     return value
 
 

@@ -112,8 +112,11 @@ def _request_part(cap: Capture, mode: str, api: ChatApi | None) -> dict[str, Any
         data = b"".join(decoded_pieces([cap.request_body], cap.request_encoding))
     except ValueError:
         data = cap.request_body
-    digest = None if api is None else _object_digest(api.request_digest)
-    part.update(_store_body(data, mode, digest))
+    if mode != FULL and api is not None:
+        # The digest only: messages sent before are looked up, not parsed again.
+        part["digest"] = api.request_digest_bytes(data) if data else None
+        return part
+    part.update(_store_body(data, mode, None))
     return part
 
 

@@ -88,10 +88,11 @@ class StreamCapture:
 
     __slots__ = (
         "_closed",
-        "_digits",
         "_merger",
         "_parsed",
         "_parser",
+        "_run",
+        "_same",
         "bad_chunks",
         "body_bytes",
         "chunks",
@@ -111,6 +112,10 @@ class StreamCapture:
         else:
             raise ValueError(f"unknown stream kind: {kind!r}")
         self._merger: Merger = merger_for(api, kind)
+        # A merger that can fold an event from its text alone, when it repeats the
+        # last one but for a string it appends (`SSEMerger.add_same`); SSE only.
+        self._same: Any = getattr(self._merger, "add_same", None) if kind == "sse" else None
+        self._run: Any = getattr(self._merger, "add_same_run", None) if kind == "sse" else None
         self.kind = kind
         self.limit = max(0, int(limit))
         self.chunks = 0
@@ -124,7 +129,6 @@ class StreamCapture:
         self.internal_errors = 0
         self._parsed = 0
         self._closed = False
-        self._digits = canonical.DigitRuns()  # what was parsed: may an event hold a huge integer?
 
     def feed(self, piece: bytes | bytearray | memoryview) -> None:
         """Account for one piece of the body and parse what fits in the limit."""
@@ -142,13 +146,28 @@ class StreamCapture:
                     return
                 piece = piece[:room]
             self._parsed += len(piece)
-            self._digits.feed(piece)  # before the parser: its events come from these bytes
             items = self._parser.feed(piece)
         except Exception:
             self.internal_errors += 1
             return
-        for item in items:
-            self._item(item)
+        run = self._run
+        if run is None:
+            for item in items:
+                self._item(item)
+            return
+        at, count = 0, len(items)
+        while at < count:
+            try:
+                folded = run(items, at) - at  # the events `add_same` takes, in one loop
+            except Exception:
+                self.internal_errors += 1
+                folded = 0
+            self.events += folded
+            self.chunks += folded
+            at += folded
+            if at < count:
+                self._item(items[at])
+                at += 1
 
     def _item(self, item: str | bytes) -> None:
         self.events += 1
@@ -157,8 +176,11 @@ class StreamCapture:
                 self.done_seen = True
                 return
             self.chunks += 1
+            same = self._same
+            if same is not None and same(item):
+                return  # the last event again, but for the string it appends: folded
             try:
-                obj = canonical.loads(item, short_ints=not self._digits.found)
+                obj = canonical.loads(item, short_ints=canonical.short_ints_only(item))
             except canonical.NotJSON:
                 obj = None
             if not isinstance(obj, dict):
@@ -168,6 +190,8 @@ class StreamCapture:
             merger.add(obj)
             if merger.ended:  # the API's own end event (R29)
                 self.done_seen = True
+            elif same is not None:
+                merger.learn(obj, item)  # type: ignore[attr-defined]
         except Exception:
             self.internal_errors += 1
 
