@@ -546,3 +546,66 @@ def test_full_and_digest_recordings_hash_alike(llama: Upstream, tmp_path: Path) 
             digests[mode] = [r["request"]["digest"] for r in records]
     assert digests["full"] == digests["digest"]
     assert b'"temperature":0.70' in (tmp_path / "full.jsonl").read_bytes()
+
+
+def test_request_body_goes_upstream_as_it_comes(rec_path: Path) -> None:
+    """The first half of a body reaches the server before the client sends the second (R7),
+    and the record's request digest is that of the whole body."""
+    import socket
+    import threading
+
+    body = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "x" * 200_000}]}
+    ).encode()
+    half = len(body) // 2
+    first_half_seen = threading.Event()
+    got = bytearray()
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            while b"\r\n\r\n" not in got:
+                got.extend(conn.recv(65536))
+            head_end = got.index(b"\r\n\r\n") + 4
+            while len(got) - head_end < len(body):
+                if len(got) - head_end >= half:
+                    first_half_seen.set()
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                got.extend(chunk)
+            reply = b'{"choices":[{"message":{"role":"assistant","content":"ok"}}]}'
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n%s" % (len(reply), reply)
+            )
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        with Mitmdump(f"http://127.0.0.1:{port}", rec_path) as proxy:
+            client = socket.create_connection(("127.0.0.1", proxy.port))
+            with client:
+                client.sendall(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                    b"content-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n" % len(body)
+                )
+                client.sendall(body[:half])
+                assert first_half_seen.wait(20), "the proxy held the body back"
+                client.sendall(body[half:])
+                reply = b""
+                while not reply.endswith(b'"ok"}}]}'):
+                    chunk = client.recv(65536)
+                    assert chunk, reply
+                    reply += chunk
+            (rec,) = wait_for_records(rec_path, 1)
+    finally:
+        server.close()
+        thread.join(5)
+    assert got.endswith(body)
+    assert rec["error"] is None and rec["request"]["body_bytes"] == len(body)
+    assert rec["request"]["digest"] == OpenAIChat().request_digest(canonical.loads(body))
