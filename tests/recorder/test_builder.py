@@ -21,7 +21,7 @@ from mitmproxy import http
 
 from llmp.recorder import builder as wire
 from llmp.recorder import capture as capture_mod
-from llmp.recorder.capture import Capture, RequestTap, keep_headers, stream_tap
+from llmp.recorder.capture import Capture, keep_headers, stream_tap
 from llmp.recorder.record import build_line
 
 SSE_EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"tok"}}],"model":"m.gguf"}\n\n'
@@ -446,45 +446,3 @@ def test_child_runs_only_when_nobody_else_wants_the_cpu(tmp_path: Path) -> None:
         assert os.getpriority(os.PRIO_PROCESS, summary) == os.getpriority(os.PRIO_PROCESS, 0)
     finally:
         child.close()
-
-
-def test_request_tap_keeps_the_pieces_within_the_limit() -> None:
-    """Every piece passes unchanged; kept by reference and counted; past the limit, none kept."""
-    tap = RequestTap(10)
-    pieces = [b"abc", b"", b"defg"]
-    assert all(tap(p) is p for p in pieces)
-    assert tap.size == 7 and tap.pieces is not None
-    assert all(a is b for a, b in zip(tap.pieces, [b"abc", b"defg"], strict=False))
-    big = b"x" * 4
-    assert tap(big) is big  # 11 bytes: past the limit
-    assert tap.pieces is None and tap.size == 11
-    assert tap(b"yz") == b"yz" and tap.pieces is None and tap.size == 13
-
-
-def test_request_tap_swallows_its_own_errors() -> None:
-    tap = RequestTap(10)
-    tap.pieces = "not a list"  # type: ignore[assignment]
-    assert tap(b"abc") == b"abc"
-
-
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_a_streamed_request_body_arrives_whole(transport: str) -> None:
-    """A streamed request's pieces go as they lie and come back as one body; `settle`
-    joins them the same way where the record is built in the proxy's process."""
-    body = b'{"model":"m","messages":[' + b'{"role":"user","content":"hi"},' * 5000 + b"{}]}"
-    cuts = [0, 1, 7000, 65536, 65537, 100_000, len(body)]
-    pieces = [body[a:b] for a, b in itertools.pairwise(cuts)]
-    cap = _tapped_capture(None, 4)
-    cap.request_pieces = pieces
-    cap.request_body_bytes = len(body)
-    request = wire.capture_request(cap, "digest")
-    assert all(any(b is p for b in request[1]) for p in pieces)  # not copied
-    head, data = _round_trip(request, transport)
-    got, _ = wire.read_capture(head, data)
-    del data
-    assert got.request_body == body and got.request_pieces is None
-    assert got.pieces == cap.pieces
-    here = copy.deepcopy(cap)
-    here.settle()
-    assert here.request_body == body and here.request_pieces is None
-    assert build_line(copy.deepcopy(cap), "digest") == build_line(got, "digest")

@@ -20,10 +20,9 @@ import orjson
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.proxy import server_hooks
 
-from llmp.format.schema import CLIENT_DISCONNECTED, UPSTREAM_RESET
 from llmp.live import contract as llmp_live
 from llmp.recorder import options as llmp_options
-from llmp.recorder.capture import Capture, RequestTap, now_ms, stream_tap
+from llmp.recorder.capture import Capture, now_ms, stream_tap
 from llmp.recorder.errors import classify_error
 from llmp.recorder.rotate import DailyFile
 from llmp.recorder.writer import LiveSpec, RecordingError, RecordingFile, RecordWriter
@@ -33,7 +32,6 @@ log = logging.getLogger("llmp")
 READY = "llmp: recording to"
 _STATE = "llmp"  # key in flow.metadata
 _RESERVED = "llmp_reserved"  # flow.metadata key of a request for a /_llmp/ path
-_REQUEST_TAP = "llmp_request"  # flow.metadata key of the request body's tap
 _JSON = {"content-type": "application/json", "cache-control": "no-store"}
 _RESERVED_PREFIX = llmp_live.RESERVED_PREFIX.encode()  # matched against the raw path
 
@@ -241,11 +239,6 @@ class Recorder:
         )
         flow.metadata[_STATE] = cap
         self._inflight[cap.id] = cap
-        if self.settings is not None:
-            # The body goes upstream piece by piece, as it comes (R7).
-            tap = RequestTap(self.settings.limit)
-            req.stream = tap
-            flow.metadata[_REQUEST_TAP] = tap
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.metadata.get(_RESERVED):
@@ -254,21 +247,14 @@ class Recorder:
         cap = flow.metadata.get(_STATE)
         if cap is None or self.settings is None:
             return
+        body = flow.request.raw_content or b""
         cap.request_complete = True
-        body = flow.request.raw_content
-        tap = flow.metadata.get(_REQUEST_TAP)
-        if body is None and isinstance(tap, RequestTap):  # streamed: the tap has the pieces
-            cap.request_body_bytes = tap.size
-            cap.request_pieces = tap.pieces
-            too_large = tap.pieces is None
-        else:  # buffered: a body that ended with its head, or streaming was turned off
-            body = body or b""
-            cap.request_body_bytes = len(body)
-            cap.request_body = body
-            too_large = len(body) > self.settings.limit
-        if too_large:
+        cap.request_body_bytes = len(body)
+        if len(body) > self.settings.limit:
             cap.set_error("body_too_large")  # forwarded unchanged, stored as nothing (R12)
-            cap.request_body = cap.request_pieces = None
+            cap.request_body = None
+        else:
+            cap.request_body = body
 
     async def _reserved(self, method: str, path: str) -> http.Response:
         """The answer to a request for a /_llmp/ path; never forwarded upstream."""
@@ -328,16 +314,15 @@ class Recorder:
         if cap is None:
             return
         msg = flow.error.msg if flow.error else ""
-        timed_out = flow.client_conn.id in self._timed_out and cap.status is None
-        self._timed_out.discard(flow.client_conn.id)
-        kind = classify_error(msg, response_started=cap.status is not None, timed_out=timed_out)
-        if kind == UPSTREAM_RESET and not cap.request_complete:
+        if not cap.request_complete:
             # mitmproxy words a client that hangs up mid-body exactly like a
             # server that dies mid-body; only the client was sending then.
-            # (The request streams upstream, so a refused or timed-out connect
-            # can come before its end too: those say what they are.)
-            kind = CLIENT_DISCONNECTED
-        cap.set_error(kind)
+            cap.set_error("client_disconnected")
+        timed_out = flow.client_conn.id in self._timed_out and cap.status is None
+        self._timed_out.discard(flow.client_conn.id)
+        cap.set_error(
+            classify_error(msg, response_started=cap.status is not None, timed_out=timed_out)
+        )
         self._end(cap)
 
     def _end(self, cap: Capture) -> None:

@@ -221,9 +221,7 @@ def request_spans(head: bytes, buffers: Sequence[bytes]) -> list[bytes]:
 def capture_request(cap: Capture, mode: str) -> tuple[bytes, list[bytes], int]:
     """The build request for `cap`: its fields pickled; its bodies, and their size.
 
-    The request body goes by reference: the bytes object mitmproxy holds,
-    or a streamed request's pieces as they passed (the child joins them
-    back into one body).  The response pieces of a stream
+    The request body goes by reference.  The response pieces of a stream
     are small (an SSE event each): one join of them costs less than handing
     the kernel hundreds of buffers, so they are joined when they average
     under `JOIN_BELOW` bytes.  The pieces are taken once, with their times:
@@ -233,17 +231,13 @@ def capture_request(cap: Capture, mode: str) -> tuple[bytes, list[bytes], int]:
     pieces = cap.pieces[:]
     state = cap.__dict__.copy()
     body = state["request_body"]
-    body_pieces = state["request_pieces"]
-    state["request_body"] = state["request_pieces"] = state["pieces"] = None
+    state["request_body"] = None
+    state["pieces"] = None
     state["times"] = cap.times[: len(pieces)]
     sizes = [len(p) for p in pieces]
     size = sum(sizes)
     if len(pieces) > 1 and size < JOIN_BELOW * len(pieces):
         pieces = [b"".join(pieces)]
-    if body_pieces is not None:  # a streamed request's pieces: the child joins them
-        body_size = sum(map(len, body_pieces))
-        head = request_head((BUILD, mode, state, body_size, sizes))
-        return head, [*body_pieces, *pieces], size + body_size
     if body is None:
         return request_head((BUILD, mode, state, None, sizes)), pieces, size
     pieces.insert(0, body)

@@ -74,9 +74,6 @@ class Capture:
     request_headers: dict[str, str] = field(default_factory=dict)
     request_encoding: str | None = None
     request_body: bytes | None = None
-    request_pieces: list[bytes] | None = None
-    """A streamed request's body as it passed (`RequestTap`), once it ended within the
-    limit: joined into `request_body` where the record is built (`settle`)."""
     request_body_bytes: int = 0
     request_complete: bool = False  # the whole request body arrived
     # Response: `status is None` means no response head arrived.
@@ -118,9 +115,6 @@ class Capture:
         if self.raw_path is not None:
             self.path = _text(self.raw_path)
             self.raw_path = None
-        if self.request_pieces is not None:
-            self.request_body = b"".join(self.request_pieces)
-            self.request_pieces = None
         if self.request_fields is not None:
             self.request_headers = kept_fields(self.request_fields)
             self.request_encoding = content_encoding(self.request_fields)
@@ -197,38 +191,6 @@ class Capture:
             self.t_first_byte_ms = int((self.times[0] if self.times else t) * 1000)
         self.response_body_bytes += size
         self.tail = (self.tail + piece[-TAIL_BYTES:])[-TAIL_BYTES:]
-
-
-class RequestTap:
-    """The request's stream callable: keeps a reference to each piece, forwarded at once.
-
-    mitmproxy would otherwise gather the whole body before sending it
-    upstream (two copies of it, and the model server waits for the last
-    byte to see the first).  Streamed, every piece goes on as it arrives,
-    as with plain mitmdump's `stream_large_bodies`; the recorder only keeps
-    the pieces while they fit in the limit (R12) and counts the bytes.  The
-    `request` hook, at the end of the body, hands them to the `Capture`.
-    """
-
-    __slots__ = ("limit", "pieces", "size")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.pieces: list[bytes] | None = []  # None once past the limit: not stored
-        self.size = 0
-
-    def __call__(self, data: bytes) -> bytes:
-        try:
-            self.size += len(data)
-            pieces = self.pieces
-            if pieces is not None:
-                if self.size > self.limit:
-                    self.pieces = None  # forwarded, not stored: let the kept ones go
-                elif data:
-                    pieces.append(data)
-        except Exception:  # the server gets every byte, whatever happens here (R7)
-            pass
-        return data
 
 
 def stream_tap(cap: Capture, limit: int) -> Callable[[bytes], bytes]:
