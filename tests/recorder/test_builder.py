@@ -163,33 +163,42 @@ def _tapped_capture(
     return cap
 
 
+TRANSPORTS = ["pipe", "shared", "spans"]
+
+
 def _round_trip(
-    request: tuple[bytes, list[bytes], int], shared: bool
+    request: tuple[bytes, list[bytes], int], transport: str
 ) -> tuple[tuple[Any, ...], memoryview]:
     """Send a request as the parent does, through a pipe (from a thread: it may not fit in
-    it) and, when `shared`, a shared body file; read it back as the child does."""
+    it), with the buffers after the head (`pipe`), in a shared body file (`shared`) or left
+    where they lie (`spans`: read from this process's memory); read it back as the child
+    does."""
     head, buffers, size = request
+    shared = transport == "shared"
     r, w = os.pipe()
     fd = os.memfd_create("llmp-test") if shared else -1
     try:
         if shared:
             os.ftruncate(fd, size)
             wire.pwrite_buffers(fd, buffers)
-        writer = threading.Thread(
-            target=wire.write_buffers, args=(w, wire.request_buffers(head, buffers, size, shared))
-        )
+        if transport == "spans":
+            out = wire.request_spans(head, buffers)
+        else:
+            out = wire.request_buffers(head, buffers, size, shared)
+        writer = threading.Thread(target=wire.write_buffers, args=(w, out))
         writer.start()
-        got = wire.read_request(r, wire.SharedView(fd) if shared else None)
+        got = wire.read_request(r, wire.SharedView(fd) if shared else None, peer=os.getpid())
         writer.join()
+        assert got[1] is not None
     finally:
         os.close(r)
         os.close(w)
         if shared:
             os.close(fd)
-    return got
+    return got[0], got[1]
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["pipe", "shared"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize(
     ("body", "n_pieces"),
     [
@@ -199,7 +208,7 @@ def _round_trip(
         (os.urandom(3 << 20), wire.IOV_MAX * 2 + 7),  # large: several writes, IOV_MAX batches
     ],
 )
-def test_build_request_round_trip(body: bytes | None, n_pieces: int, shared: bool) -> None:
+def test_build_request_round_trip(body: bytes | None, n_pieces: int, transport: str) -> None:
     """Piece boundaries, their times and the bodies come back exactly (R28)."""
     cap = _tapped_capture(body, n_pieces)
     request = wire.capture_request(cap, "full")
@@ -208,7 +217,7 @@ def test_build_request_round_trip(body: bytes | None, n_pieces: int, shared: boo
     if len(cap.pieces) > 1:  # a stream's small pieces: one buffer, the kernel's cost is per buffer
         assert len(buffers) == (body is not None) + 1
     assert size == len(body or b"") + sum(map(len, cap.pieces))
-    head, data = _round_trip(request, shared)
+    head, data = _round_trip(request, transport)
     got, mode = wire.read_capture(head, data)
     del data
     assert mode == "full"
@@ -218,13 +227,13 @@ def test_build_request_round_trip(body: bytes | None, n_pieces: int, shared: boo
     assert cap.tapped and cap.request_fields is not None  # the proxy's copy stays as it was
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["pipe", "shared"])
-def test_build_request_round_trip_large_pieces(shared: bool) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_build_request_round_trip_large_pieces(transport: str) -> None:
     """Pieces sent as they lie, more of them than one system call takes (IOV_MAX)."""
     cap = _tapped_capture(b"{}", wire.IOV_MAX * 2 + 7, event=b"x" * (2 * wire.JOIN_BELOW))
     request = wire.capture_request(cap, "full")
     assert len(request[1]) == len(cap.pieces) + 1
-    head, data = _round_trip(request, shared)
+    head, data = _round_trip(request, transport)
     got, _ = wire.read_capture(head, data)
     del data
     assert got.pieces == cap.pieces and got.times == cap.times
@@ -246,7 +255,7 @@ def test_build_request_takes_pieces_and_times_together() -> None:
     """At shutdown the loop may be mid-tap: a time without its piece yet is left out."""
     cap = _tapped_capture(b"{}", 4)
     cap.times.append(1.0)
-    head, data = _round_trip(wire.capture_request(cap, "digest"), shared=False)
+    head, data = _round_trip(wire.capture_request(cap, "digest"), "pipe")
     got, _ = wire.read_capture(head, data)
     assert len(got.times) == len(got.pieces) == 4
 
@@ -330,8 +339,14 @@ def test_read_frame_at_the_end() -> None:
         os.close(r)
 
 
-def test_child_builds_the_same_line_as_the_thread(tmp_path: Path) -> None:
-    """The child's line, from the framed capture, is byte for byte the in-thread one."""
+@pytest.mark.parametrize("spans", [True, False], ids=["spans", "shared"])
+def test_child_builds_the_same_line_as_the_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spans: bool
+) -> None:
+    """The child's line, from the framed capture, is byte for byte the in-thread one,
+    whether it reads the bodies from the proxy's memory or from the shared file."""
+    if not spans:
+        monkeypatch.setattr(wire.peer_memory, "supported", lambda: False)
     terminal = os.open(tmp_path / "terminal.log", os.O_WRONLY | os.O_CREAT, 0o600)
     child = wire.ChildBuilder(terminal)
     os.close(terminal)
@@ -348,7 +363,10 @@ def test_child_builds_the_same_line_as_the_thread(tmp_path: Path) -> None:
         huge = _tapped_capture(b'{"x":"' + b"y" * (wire.SHARED_KEEP + 5) + b'"}', 10)
         expected = build_line(copy.deepcopy(huge), "digest")
         assert child.build(huge, "digest") == expected
-        assert os.fstat(child._shared).st_size == wire.SHARED_KEEP  # given back
+        # Linux lets a child read its parent's memory (no Yama, or Yama told by `allow_reader`).
+        assert child._spans is spans
+        if not spans:
+            assert os.fstat(child._shared).st_size == wire.SHARED_KEEP  # given back
         cap = _tapped_capture(b"{}", 3)
         assert child.build(cap, "digest") == build_line(copy.deepcopy(cap), "digest")
     finally:
@@ -356,9 +374,51 @@ def test_child_builds_the_same_line_as_the_thread(tmp_path: Path) -> None:
     assert child.proc.returncode == 0
 
 
+def test_child_that_cannot_read_the_proxy_gets_the_shared_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The probe fails (here: it points at an unmapped address): the bodies are copied."""
+    real = wire.peer_memory.address_of
+    monkeypatch.setattr(wire.peer_memory, "address_of", lambda data: 1)
+    child = wire.ChildBuilder(-1)
+    try:
+        cap = _tapped_capture(b'{"model":"m"}', 20)
+        expected = build_line(copy.deepcopy(cap), "digest")
+        assert child.build(cap, "digest") == expected
+        assert child._spans is False
+        monkeypatch.setattr(wire.peer_memory, "address_of", real)
+        assert child.build(_tapped_capture(b"{}", 2), "digest").endswith(b"\n")
+        assert child._spans is False  # decided once
+    finally:
+        child.close()
+    assert child.proc.returncode == 0
+
+
+def test_child_answers_nothing_for_a_body_it_cannot_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a good probe, a span the child cannot read costs that record's child build only
+    (the writer then builds it in-thread); the child goes on."""
+    child = wire.ChildBuilder(-1)
+    try:
+        assert child.build(_tapped_capture(b"{}", 2), "digest")
+        assert child._spans is True
+        real = wire.peer_memory.address_of
+        monkeypatch.setattr(wire.peer_memory, "address_of", lambda data: 1)
+        assert child.build(_tapped_capture(b'{"model":"m"}', 5), "digest") == b""
+        monkeypatch.setattr(wire.peer_memory, "address_of", real)
+        cap = _tapped_capture(b'{"model":"m"}', 5)
+        assert child.build(cap, "digest") == build_line(copy.deepcopy(cap), "digest")
+    finally:
+        child.close()
+    assert child.proc.returncode == 0
+
+
 def test_child_without_a_shared_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where there is no memfd, the bodies go by the pipe, after the head."""
+    """Where there is no memfd (nor reading the proxy's memory), the bodies go by the pipe,
+    after the head."""
     monkeypatch.setattr(wire, "_shared_file", lambda: -1)
+    monkeypatch.setattr(wire.peer_memory, "supported", lambda: False)
     child = wire.ChildBuilder(-1)
     try:
         cap = _tapped_capture(os.urandom(2 << 20).hex().encode(), 50)

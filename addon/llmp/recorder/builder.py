@@ -10,27 +10,33 @@ child logged.
 
 Protocol, over the child's stdin and stdout.  A request is a prefix
 (`REQUEST`: the length of what follows it on the pipe, the length of its
-head, and how many bytes it left in the shared body file), a head, then raw
-buffers.  The head is a pickle of a tuple whose first item names the
-request:
+head, how many bytes it left in the shared body file, and how many spans of
+the proxy's memory hold its buffers), a head, then the spans (`SPAN`:
+address and length each) or raw buffers.  The head is a pickle of a tuple
+whose first item names the request:
 
 - `("build", mode, state, body_size, sizes)`: the record's JSON line
   (newline included).  `state` is the capture's fields without its bodies;
   the buffers are the request body (`body_size` bytes, when `body_size` is
   not None), then the response pieces, `sizes` giving each one's length.
-  The request body is written straight from the bytes object mitmproxy
-  holds, so the proxy's process neither copies nor pickles it; a stream's
-  small pieces are joined first (`capture_request`): with `os.pwritev` into
+  The request body is the bytes object mitmproxy holds, so the proxy's
+  process never pickles it; a stream's small pieces are joined first
+  (`capture_request`).  Where the kernel lets the child read the proxy's
+  memory (`llmp.recorder.peer_memory`), only the buffers' addresses go on
+  the pipe and the child copies the bytes itself: the proxy's process does
+  not touch them again.  Otherwise they are copied with `os.pwritev` into
   the shared body file (a `memfd` the child maps; its pages are reused from
   one exchange to the next) or, without one, with `os.writev` on the pipe
   after the head.  The child cuts them back into a `Capture`
-  (`read_capture`), and answers only once it has, so the file is free again
-  by the time the answer arrives.  When a live view runs, the child also
+  (`read_capture`), and answers only once it has, so the buffers are free
+  again by the time the answer arrives.  When a live view runs, the child also
   feeds it that line, read back as `llmp analyze` reads it, before it
   answers;
 - `("live", LiveConfig, body, first_id)`: start the live view, or replace
   the running one; an empty answer, or the `LiveError` text;
-- `("live_off",)`: stop the live view (its summary line and `LLMP_SUMMARY`).
+- `("live_off",)`: stop the live view (its summary line and `LLMP_SUMMARY`);
+- `("probe", expected)`: one span holding `expected`; the answer is `PROBE_OK`
+  when the child could read it, and the proxy sends spans from then on.
 
 Every answer is one frame (`FRAME`: an 8-byte length, then the bytes).  The
 child writes its own log lines (the live view's per-request lines, its
@@ -65,11 +71,13 @@ from pathlib import Path
 from typing import Any
 
 from llmp.live.contract import LiveConfig, LiveError
+from llmp.recorder import peer_memory
 from llmp.recorder.capture import Capture
 
 log = logging.getLogger("llmp")
 
-REQUEST = struct.Struct("<QIQ")
+REQUEST = struct.Struct("<QIQI")
+SPAN = struct.Struct("<QQ")
 FRAME = struct.Struct("<Q")
 ASK_SUMMARY = b"?"
 ASK_METRICS = b"m"
@@ -78,6 +86,8 @@ METRICS_TOTALS = struct.Struct("<QQ")
 BUILD = "build"
 LIVE = "live"
 LIVE_OFF = "live_off"
+PROBE = "probe"
+PROBE_OK = b"read"
 FRAME_READ = 1 << 16  # the first read of an answer
 PIPE_BYTES = 1 << 20
 """The pipes' capacity, asked of Linux: an answer, or a body without the
@@ -194,8 +204,18 @@ def request_buffers(
     `shared`, are already in the shared body file, from its start.
     """
     if shared:
-        return [REQUEST.pack(len(head), len(head), size), head]
-    return [REQUEST.pack(len(head) + size, len(head), 0), head, *buffers]
+        return [REQUEST.pack(len(head), len(head), size, 0), head]
+    return [REQUEST.pack(len(head) + size, len(head), 0, 0), head, *buffers]
+
+
+def request_spans(head: bytes, buffers: Sequence[bytes]) -> list[bytes]:
+    """A request whose buffers the child reads from this process's memory, as the
+    buffers to write on the pipe: the head, then where each buffer lies.
+
+    The buffers must stay alive until the child has answered.
+    """
+    spans = b"".join(SPAN.pack(peer_memory.address_of(b), len(b)) for b in buffers)
+    return [REQUEST.pack(len(head) + len(spans), len(head), 0, len(buffers)), head, spans]
 
 
 def capture_request(cap: Capture, mode: str) -> tuple[bytes, list[bytes], int]:
@@ -244,12 +264,25 @@ class SharedView:
         return memoryview(self._map)[:size]
 
 
-def read_request(fd: int, shared: SharedView | None = None) -> tuple[tuple[Any, ...], memoryview]:
-    """The next request: its head, and a view of its buffers; EOFError at the end."""
+def read_request(
+    fd: int, shared: SharedView | None = None, peer: int | None = None
+) -> tuple[tuple[Any, ...], memoryview | None]:
+    """The next request: its head, and a view of its buffers; EOFError at the end.
+
+    Buffers in spans are read from process `peer` (by default the parent);
+    when that fails, the view is None (the request cannot be answered).
+    """
     prefix = read_exact(fd, REQUEST.size)
-    total, head_size, shared_size = REQUEST.unpack(prefix)
+    total, head_size, shared_size, n_spans = REQUEST.unpack(prefix)
     payload = memoryview(read_exact(fd, total))
     head = pickle.loads(payload[:head_size])
+    if n_spans:
+        spans = [SPAN.unpack_from(payload, head_size + i * SPAN.size) for i in range(n_spans)]
+        try:
+            data = peer_memory.read_spans(os.getppid() if peer is None else peer, spans)
+        except OSError:
+            return head, None
+        return head, memoryview(data)
     if shared_size:
         if shared is None:
             raise ValueError("a request in a shared body file this child has not got")
@@ -338,6 +371,10 @@ class ChildBuilder:
             theirs.close()
             if term >= 0:
                 os.close(term)
+        # Whether the child reads the bodies from this process (None: not tried yet).
+        self._spans: bool | None = None if peer_memory.supported() else False
+        if self._spans is None:
+            peer_memory.allow_reader(self.proc.pid)
         self._summaries: socket.socket | None = ours
         self._summary_lock = threading.Lock()
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -353,8 +390,14 @@ class ChildBuilder:
         while the event loop runs.
         """
         try:
-            shared = bool(buffers) and self._share(buffers, size)
-            write_buffers(self._to_child, request_buffers(head, buffers, size, shared))
+            if buffers and self._spans is None:
+                self._spans = self._probe()
+            if buffers and self._spans and all(type(b) is bytes for b in buffers):
+                out = request_spans(head, buffers)  # `buffers` lives until the answer
+            else:
+                shared = bool(buffers) and self._share(buffers, size)
+                out = request_buffers(head, buffers, size, shared)
+            write_buffers(self._to_child, out)
             answer = read_frame(self._from_child)
         except (OSError, EOFError, ValueError) as exc:
             self.close()
@@ -365,6 +408,16 @@ class ChildBuilder:
             except OSError:
                 pass
         return answer
+
+    def _probe(self) -> bool:
+        """Whether the child can read this process's memory: it reads a known buffer."""
+        expected = os.urandom(16)
+        head = request_head((PROBE, expected))
+        write_buffers(self._to_child, request_spans(head, [expected]))
+        ok = read_frame(self._from_child) == PROBE_OK
+        if not ok:
+            log.debug("llmp: the builder child cannot read the proxy's memory; bodies are copied")
+        return ok
 
     def _share(self, buffers: Sequence[bytes], size: int) -> bool:
         """Put the buffers in the shared body file; False if there is none, or it is full."""

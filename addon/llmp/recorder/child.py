@@ -28,6 +28,8 @@ from llmp.recorder.builder import (
     LIVE,
     LIVE_OFF,
     METRICS_TOTALS,
+    PROBE,
+    PROBE_OK,
     SharedView,
     read_capture,
     read_request,
@@ -105,10 +107,14 @@ class _Child:
         self.terminal = terminal
         self.handler = SinkHandler(terminal)
 
-    def handle(self, request: tuple[Any, ...], data: memoryview) -> bytes:
-        """The answer to one request (`data`: the raw buffers that came after its head)."""
+    def handle(self, request: tuple[Any, ...], data: memoryview | None) -> bytes:
+        """The answer to one request (`data`: its raw buffers; None if they could not be read)."""
         op = request[0]
+        if op == PROBE:
+            return PROBE_OK if data is not None and data == request[1] else b""
         if op == BUILD:
+            if data is None:
+                raise OSError("could not read the exchange's bodies from the proxy")
             cap, mode = read_capture(request, data)
             line = build_line(cap, mode)
             view = self.view
