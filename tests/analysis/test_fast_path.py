@@ -304,3 +304,29 @@ def test_usage_read_typed_alike(field: tuple[str, ...], tmp_path: Path) -> None:
         path = tmp_path / f"usage{i}.jsonl"
         path.write_bytes(b"".join(lines))
         assert report_bytes([path], fast=True) == report_bytes([path], fast=False), value
+
+
+def test_usage_typed_in_the_line_pass_alike(tmp_path: Path) -> None:
+    """llama-server's `usage` is read in the line's own decode (`decode_llama_digest`)
+    until a line's usage is another shape: lines that alternate between the two, and
+    llama-server's fields under an API that reads `usage` as a dict (Anthropic's path),
+    give the plain report."""
+    lines = []
+    for i, line in enumerate(sc.clean_chat().lines("digest", "id")):
+        rec = orjson.loads(line)
+        top = (rec["response"] or {}).get("digest", {}).get("usage")
+        if isinstance(top, dict):
+            if i % 3 == 1:  # after a line of llama-server's usage: tried typed first
+                rec["request"]["path"] = "/v1/messages"
+            elif i % 3 == 2:
+                top["other"] = 1  # not llama-server's: the line is decoded again
+        lines.append(json.dumps(rec, separators=(",", ":")).encode() + b"\n")
+    path = tmp_path / "mixed-usage.jsonl"
+    path.write_bytes(b"".join(lines))
+    assert fast_lines(path) == len(lines)
+    for line in lines:
+        got = read_record(line)
+        assert isinstance(got, Digested)
+        if b'"/v1/messages"' in line:  # the dict Anthropic's counters read
+            assert type(got.top) is dict
+    assert report_bytes([path], fast=True) == report_bytes([path], fast=False)
