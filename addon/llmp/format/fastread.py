@@ -23,8 +23,9 @@ makes the structs strict where orjson is lenient:
   reply, R: response digest) is kept as raw JSON and parsed by orjson, at
   the depth it has in the line (`usage()`), so it is exactly the plain
   reader's dict; or, when it is llama-server's fields and nothing else, each
-  of its type, decoded into `LlamaTop` (`llama_usage()`), which the analysis
-  reads as it reads that dict;
+  of its type, decoded into `LlamaTop` (`llama_usage()`, or in the line's
+  own pass: `decode_llama_digest()`), which the analysis reads as it reads
+  that dict;
 * a record with a full body (`request.body` or `response.body` not null)
   is refused: full records keep number text (R2) and go the plain way.
 
