@@ -24,12 +24,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmp.analysis import PLAIN_ENV, analyze, fast_default
+from llmp.analysis import PLAIN_ENV, analyze, exchange, fast_default
 from llmp.analysis.changes import MAX_CHANGES
 from llmp.analysis.command import explain
 from llmp.analysis.exchange import Digested, read_record
 from llmp.format.canonical import record_dumps
-from llmp.format.fastread import Histories, decode_digest
+from llmp.format.fastread import Histories, decode_digest, decode_llama_digest
 from tests.support import overflow_scenarios as osc
 from tests.support import scenarios as sc
 
@@ -330,3 +330,23 @@ def test_usage_typed_in_the_line_pass_alike(tmp_path: Path) -> None:
         if b'"/v1/messages"' in line:  # the dict Anthropic's counters read
             assert type(got.top) is dict
     assert report_bytes([path], fast=True) == report_bytes([path], fast=False)
+
+
+def test_another_servers_usage_is_not_decoded_twice_a_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a line whose usage is not llama-server's, the next lines are decoded
+    with `usage` raw first: a recording of Ollama's API tries the typed decode once."""
+    path = TRAFFIC["ollama_truncating"]().write(tmp_path / "rec.jsonl", "digest")
+    lines = path.read_bytes().splitlines()
+    tried: list[bytes] = []
+
+    def counting(line: bytes) -> Any:
+        tried.append(line)
+        return decode_llama_digest(line)
+
+    monkeypatch.setattr(exchange, "decode_llama_digest", counting)
+    monkeypatch.setattr(exchange._USAGE, "typed", True)
+    got = [read_record(line) for line in lines]
+    assert sum(isinstance(g, Digested) for g in got) >= 10
+    assert len(tried) <= 2, len(tried)

@@ -562,10 +562,13 @@ def read_record(line: bytes | memoryview) -> dict[str, Any] | Digested | None:
     cut = HISTORIES.cut(line)
     text = line if cut is None else cut[0]
     d: DigestRecord | None = None
-    if _USAGE.typed:  # llama-server's usage read in the line's own pass
+    typed = _USAGE.typed
+    if typed:  # llama-server's usage read in the line's own pass
         d = decode_llama_digest(text)
     if d is None:
         d = decode_digest(text)
+        if d is not None and typed:
+            _USAGE.typed = False  # only the usage told the two decodes apart
         if d is None and cut is not None:
             cut = None  # the whole line decides
             text = line
@@ -584,6 +587,7 @@ def read_record(line: bytes | memoryview) -> dict[str, Any] | Digested | None:
             and not (api is not None and type(api).counts is _OPENAI_COUNTS)
         ):
             # llama-server's fields where the API reads `usage` as a dict: read it so.
+            _USAGE.typed = False
             d = decode_digest(text)
             assert d is not None  # a raw `usage` takes any JSON the typed one took
             resp = d.response
@@ -628,7 +632,9 @@ def read_record(line: bytes | memoryview) -> dict[str, Any] | Digested | None:
 
 class _Usage:
     """Whether to try `decode_llama_digest` first: yes until a line's usage is not
-    llama-server's, then no until one is again (a failed typed decode costs a decode)."""
+    llama-server's (or is, under an API that reads it as a dict), then no until a
+    chat line's usage reads as llama-server's again: a failed typed decode costs a
+    decode, and a recording of another server's traffic would pay it on every line."""
 
     typed = True
 
