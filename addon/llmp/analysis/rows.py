@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 import orjson
 
 from llmp.apis.base import Counts
@@ -54,72 +53,6 @@ _TAIL: dict[str, Any] = dict.fromkeys(
     )
 )
 """A row's fields after `client`, in the report's order, each null (`Row.tail`)."""
-
-
-class _V(msgspec.Struct, gc=False):
-    """A measured value as the report writes it (`Row.tail_json`)."""
-
-    value: Any
-    source: Any
-
-
-class _Counts(msgspec.Struct, gc=False):
-    prompt_tokens: _V | None
-    completion_tokens: _V | None
-    reused_tokens: _V | None
-    evaluated_tokens: _V | None
-    prefill_ms: _V | None
-    decode_ms: _V | None
-    load_ms: _V | None
-
-
-class _Composition(msgspec.Struct, gc=False):
-    system: _V
-    tools: _V
-    history: _V
-    new_content: _V
-
-
-class _Loss(msgspec.Struct, gc=False):
-    cause: Any
-    tokens: Any
-    ms: _V | None
-
-
-class _Tail(msgspec.Struct, gc=False):
-    """`Row.tail`'s fields in its order, for msgspec's encoder (`Row.tail_json`)."""
-
-    t_start_ms: Any
-    kind: Any
-    side_call_shape: Any
-    session: Any
-    conversation: Any
-    turn: Any
-    counts: _Counts
-    composition: _Composition
-    linked_to: Any
-    new_conversation: Any
-    prefix_tokens: Any
-    break_cause: Any
-    compaction: Any
-    predicted_reuse: Any
-    observed_reuse: Any
-    cause: Any
-    lost_client: _Loss | None
-    lost_external: _Loss | None
-    side_calls_between: Any
-    other_conversations_between: Any
-    other_domains_between: Any
-    loss_measured: Any
-    changed: None
-
-
-_encode = msgspec.json.Encoder().encode
-
-SAME_TEXT = 1e16
-"""Numbers below this size (in absolute value) msgspec writes as orjson does.  From
-1e16 on, msgspec writes a float's exponent without its sign (`1e16`, orjson `1e+16`),
-and it writes integers past 64 bits where orjson refuses them."""
 
 
 @dataclass(slots=True)
@@ -250,104 +183,6 @@ class Row:
             d["changed"] = self.changed
         return d
 
-    def tail_json(self) -> bytes:
-        """`orjson.dumps(self.tail())`, the same bytes.
-
-        Every row comes here: msgspec writes the row from structs made in C, without a
-        dict per measured value, when it writes every number the row holds as orjson
-        does (`SAME_TEXT`) and the row has no `changed` (strings from the recording,
-        which orjson writes as before).  Every other value of the row is a count the
-        engine keeps, an id or a time in 64 bits, a bool or one of its own names: text
-        both write alike (`tests/analysis/test_rows.py` holds the two side by side).
-        ~4 k of the row's 41 k instructions less: no dict per measured value."""
-        c = self.counts
-        p, q, r, e, f, g, h = (
-            c.prompt_tokens,
-            c.completion_tokens,
-            c.reused_tokens,
-            c.evaluated_tokens,
-            c.prefill_ms,
-            c.decode_ms,
-            c.load_ms,
-        )
-        (s0, t0), (s1, t1), (s2, t2), (s3, t3) = self.composition
-        lc, le = self.lost_client, self.lost_external
-        if self.changed is not None:
-            return orjson.dumps(self.tail())
-        # The sum of the numbers' sizes bounds each (a NaN or an infinity, `null` in
-        # both, fails it too).
-        size = abs(s0) + abs(s1) + abs(s2) + abs(s3)
-        if (pt := self.prefix_tokens) is not None:
-            size += abs(pt)
-        if (pr := self.predicted_reuse) is not None:
-            size += abs(pr)
-        if (ob := self.observed_reuse) is not None:
-            size += abs(ob)
-        vp = vq = vr = ve = vf = vg = vh = None
-        if p is not None:
-            size += abs(p[0])
-            vp = _V(p[0], p[1])
-        if q is not None:
-            size += abs(q[0])
-            vq = _V(q[0], q[1])
-        if r is not None:
-            size += abs(r[0])
-            vr = _V(r[0], r[1])
-        if e is not None:
-            size += abs(e[0])
-            ve = _V(e[0], e[1])
-        if f is not None:
-            size += abs(f[0])
-            vf = _V(f[0], f[1])
-        if g is not None:
-            size += abs(g[0])
-            vg = _V(g[0], g[1])
-        if h is not None:
-            size += abs(h[0])
-            vh = _V(h[0], h[1])
-        jc = je = None
-        if lc is not None:
-            m = lc.ms
-            size += abs(lc.tokens)
-            if m is not None:
-                size += abs(m[0])
-            jc = _Loss(lc.cause, lc.tokens, None if m is None else _V(m[0], m[1]))
-        if le is not None:
-            m = le.ms
-            size += abs(le.tokens)
-            if m is not None:
-                size += abs(m[0])
-            je = _Loss(le.cause, le.tokens, None if m is None else _V(m[0], m[1]))
-        if not size < SAME_TEXT:
-            return orjson.dumps(self.tail())
-        return _encode(
-            _Tail(
-                self.t_start_ms,
-                self.kind,
-                self.side_call_shape,
-                self.session,
-                self.conversation,
-                self.turn,
-                _Counts(vp, vq, vr, ve, vf, vg, vh),
-                _Composition(_V(s0, t0), _V(s1, t1), _V(s2, t2), _V(s3, t3)),
-                self.linked_to,
-                self.new_conversation,
-                self.prefix_tokens,
-                self.break_cause,
-                self.compaction,
-                self.predicted_reuse,
-                self.observed_reuse,
-                self.cause,
-                jc,
-                je,
-                self.side_calls_between,
-                self.other_conversations_between,
-                self.other_domains_between,
-                self.loss_measured,
-                None,
-            )
-        )
-
     def spill_line(self) -> bytes:
         """`{"id":…,"api":…,"model":…,"client":\\0<marker>\\0,<the rest>}\\n`.
 
@@ -368,7 +203,7 @@ class Row:
             self.recording,
             b"" if dn is None else b"%d" % dn,
             b"" if da is None else b"%d" % da,
-            self.tail_json()[1:],
+            orjson.dumps(self.tail())[1:],
         )
 
     def as_json(self, label: str) -> dict[str, Any]:
