@@ -24,12 +24,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmp.analysis import PLAIN_ENV, analyze, fast_default
+from llmp.analysis import PLAIN_ENV, analyze, exchange, fast_default
 from llmp.analysis.changes import MAX_CHANGES
 from llmp.analysis.command import explain
 from llmp.analysis.exchange import Digested, read_record
 from llmp.format.canonical import record_dumps
-from llmp.format.fastread import Histories, decode_digest
+from llmp.format.fastread import Histories, decode_digest, decode_llama_digest
 from tests.support import overflow_scenarios as osc
 from tests.support import scenarios as sc
 
@@ -304,3 +304,49 @@ def test_usage_read_typed_alike(field: tuple[str, ...], tmp_path: Path) -> None:
         path = tmp_path / f"usage{i}.jsonl"
         path.write_bytes(b"".join(lines))
         assert report_bytes([path], fast=True) == report_bytes([path], fast=False), value
+
+
+def test_usage_typed_in_the_line_pass_alike(tmp_path: Path) -> None:
+    """llama-server's `usage` is read in the line's own decode (`decode_llama_digest`)
+    until a line's usage is another shape: lines that alternate between the two, and
+    llama-server's fields under an API that reads `usage` as a dict (Anthropic's path),
+    give the plain report."""
+    lines = []
+    for i, line in enumerate(sc.clean_chat().lines("digest", "id")):
+        rec = orjson.loads(line)
+        top = (rec["response"] or {}).get("digest", {}).get("usage")
+        if isinstance(top, dict):
+            if i % 3 == 1:  # after a line of llama-server's usage: tried typed first
+                rec["request"]["path"] = "/v1/messages"
+            elif i % 3 == 2:
+                top["other"] = 1  # not llama-server's: the line is decoded again
+        lines.append(json.dumps(rec, separators=(",", ":")).encode() + b"\n")
+    path = tmp_path / "mixed-usage.jsonl"
+    path.write_bytes(b"".join(lines))
+    assert fast_lines(path) == len(lines)
+    for line in lines:
+        got = read_record(line)
+        assert isinstance(got, Digested)
+        if b'"/v1/messages"' in line:  # the dict Anthropic's counters read
+            assert type(got.top) is dict
+    assert report_bytes([path], fast=True) == report_bytes([path], fast=False)
+
+
+def test_another_servers_usage_is_not_decoded_twice_a_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a line whose usage is not llama-server's, the next lines are decoded
+    with `usage` raw first: a recording of Ollama's API tries the typed decode once."""
+    path = TRAFFIC["ollama_truncating"]().write(tmp_path / "rec.jsonl", "digest")
+    lines = path.read_bytes().splitlines()
+    tried: list[bytes] = []
+
+    def counting(line: bytes) -> Any:
+        tried.append(line)
+        return decode_llama_digest(line)
+
+    monkeypatch.setattr(exchange, "decode_llama_digest", counting)
+    monkeypatch.setattr(exchange._USAGE, "typed", True)
+    got = [read_record(line) for line in lines]
+    assert sum(isinstance(g, Digested) for g in got) >= 10
+    assert len(tried) <= 2, len(tried)

@@ -232,10 +232,13 @@ class Engine:
             # A prompt refused for its context on the way here (a harness that cut its
             # prompt after a 400): the server's own count of it measures the new content.
             st.refused_prompt = s.refused_since(link.conv.last.row_id, ex.id, ex.requested_model)
-        total = st.total
+        sy, tl, hi, nw = st.system, st.tools, st.history, st.new  # Structure.total, .source
+        total = int(sy[0] + tl[0] + hi[0] + nw[0])
+        a, b, c, d = sy[1], tl[1], hi[1], nw[1]
+        source = a if a is b and b is c and c is d else weakest(a, b, c, d)
         kind, shape = classify(ex, link, ref, total, cfg)
         known_old = served in s.ollama_old
-        counts = exchange_counts(ex, (total, st.source), cfg.ollama_evaluated_share, known_old)
+        counts = exchange_counts(ex, (total, source), cfg.ollama_evaluated_share, known_old)
         if counts.meaning == "old" and not known_old:
             s.ollama_old.add(served)
         model = ex.requested_model or served

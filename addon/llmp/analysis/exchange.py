@@ -19,11 +19,15 @@ from llmp.format.fastread import (
     NULL,
     DigestRecord,
     Histories,
+    LlamaRecord,
+    LlamaResponse,
+    LlamaResponseDigest,
     LlamaTop,
     Msg,
     ToolDef,
     ToolLists,
     decode_digest,
+    decode_llama_digest,
     llama_usage,
     usage,
 )
@@ -556,19 +560,38 @@ def read_record(line: bytes | memoryview) -> dict[str, Any] | Digested | None:
     fields) is rare, and read as before, which keeps one implementation of them.
     """
     cut = HISTORIES.cut(line)
-    d = None
-    if cut is not None:
-        d = decode_digest(cut[0])
-        if d is None:
-            cut = None  # the whole line decides
+    text = line if cut is None else cut[0]
+    d: DigestRecord | None = None
+    typed = _USAGE.typed
+    if typed:  # llama-server's usage read in the line's own pass
+        d = decode_llama_digest(text)
     if d is None:
-        d = decode_digest(line)
+        d = decode_digest(text)
+        if d is not None and typed:
+            _USAGE.typed = False  # only the usage told the two decodes apart
+        if d is None and cut is not None:
+            cut = None  # the whole line decides
+            text = line
+            d = decode_digest(line)
         if d is None:
             return parse_line(line)
     req = d.request
     api = chat_api(req.method, req.path)
     resp = d.response
-    digest = req.digest
+    if type(d) is LlamaRecord:
+        assert type(resp) is LlamaResponse or resp is None
+        lrd = resp.digest if resp is not None else None
+        if (
+            lrd is not None
+            and lrd.usage is not None
+            and not (api is not None and type(api).counts is _OPENAI_COUNTS)
+        ):
+            # llama-server's fields where the API reads `usage` as a dict: read it so.
+            _USAGE.typed = False
+            d = decode_digest(text)
+            assert d is not None  # a raw `usage` takes any JSON the typed one took
+            resp = d.response
+    digest = d.request.digest
     if api is not None:
         if d.error is not None or resp is None or digest is None:
             return parse_line(line)
@@ -590,16 +613,33 @@ def read_record(line: bytes | memoryview) -> dict[str, Any] | Digested | None:
         tools = decoded_tools  # type: ignore[assignment]  # FastTool is a ToolDef
         digest.messages = digest.tools = NULL  # decoded: no view of the line outlives this
     top: Any = None
-    if resp is not None and resp.digest is not None:
+    rd = resp.digest if resp is not None else None
+    if type(rd) is LlamaResponseDigest:
+        top = rd.usage  # read by `counters.llama_counts` (None: null, as orjson reads it)
+    elif rd is not None:
         if api is not None and type(api).counts is _OPENAI_COUNTS:
-            top = llama_usage(resp.digest)  # read by `counters.llama_counts`
+            top = llama_usage(rd)  # read by `counters.llama_counts`
+            # Usage of this shape again: the next line is tried typed in one pass.
+            _USAGE.typed = top is not None
         if top is None:
             try:
-                top = usage(resp.digest)
+                top = usage(rd)
             except orjson.JSONDecodeError:
                 return parse_line(line)  # too deep for orjson: the plain reader says bad line
-        resp.digest.usage = NULL  # parsed: no view of the line outlives this call
+        rd.usage = NULL  # parsed: no view of the line outlives this call
     return Digested(d, api, top, msgs, hashes, tools)
+
+
+class _Usage:
+    """Whether to try `decode_llama_digest` first: yes until a line's usage is not
+    llama-server's (or is, under an API that reads it as a dict), then no until a
+    chat line's usage reads as llama-server's again: a failed typed decode costs a
+    decode, and a recording of another server's traffic would pay it on every line."""
+
+    typed = True
+
+
+_USAGE = _Usage()
 
 
 def prepare_digested(d: Digested, tools_cache: dict[str, Tools] | None = None) -> Exchange | Skip:

@@ -25,7 +25,16 @@ from llmp.analysis.linking import (
 )
 from llmp.analysis.rows import Loss
 from llmp.apis.base import EDGE_CHARS
-from llmp.format.measure import ESTIMATE, MV, SERVER, TOKENIZER, clean, estimate, weakest
+from llmp.format.measure import (
+    ESTIMATE,
+    MV,
+    RANK,
+    SERVER,
+    TOKENIZER,
+    clean,
+    estimate,
+    weakest,
+)
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config
@@ -608,9 +617,10 @@ def drop_unrendered_tools(st: Structure, counts: Counts) -> bool:
     prompt = counts.prompt_tokens
     if not t or prompt is None or prompt[1] != SERVER:
         return False
-    without = st.total - t
+    total = st.total
+    without = total - t
     if st.source == TOKENIZER:
-        if not without <= prompt[0] < st.total:
+        if not without <= prompt[0] < total:
             return False
     elif not _tools_missing_from_estimate(prompt[0], without, t):
         return False
@@ -726,11 +736,15 @@ def losses(st: Structure, counts: Counts, btw: Between | None, cfg: Config) -> V
     `st` loses its tools block first when the template did not render it
     (`drop_unrendered_tools`); the row's composition is taken from `st` after.
     """
+    # Every row comes here: `Structure.total` and `.source` and `weakest` of two are
+    # inlined, and the tools are only looked at when there are some.
     v = Verdict()
-    drop_unrendered_tools(st, counts)
     prompt = counts.prompt_tokens
     reused = counts.reused_tokens
-    total = st.total
+    sy, tl, hi, nw = st.system, st.tools, st.history, st.new
+    if tl[0] and prompt is not None and prompt[1] == SERVER and drop_unrendered_tools(st, counts):
+        tl = st.tools
+    total = int(sy[0] + tl[0] + hi[0] + nw[0])
     if prompt is not None and prompt[0] > 0 and reused is not None:
         v.observed_reuse = round(min(1.0, reused[0] / prompt[0]), 4)
     if not st.linked or st.prefix is None:
@@ -738,10 +752,12 @@ def losses(st: Structure, counts: Counts, btw: Between | None, cfg: Config) -> V
         return v
 
     factor: float | None = None
-    source = unit_src = st.source
+    a, b, c, d = sy[1], tl[1], hi[1], nw[1]
+    source = unit_src = a if a is b and b is c and c is d else weakest(a, b, c, d)
     if prompt is not None and prompt[0] > 0 and total > 0:
         factor = prompt[0] / total
-        unit_src = weakest(prompt[1], source)
+        p_src = prompt[1]
+        unit_src = source if source is not p_src and RANK[source] > RANK[p_src] else p_src
     scaled = True
     if st.exact_prefix is not None and prompt is not None and prompt[1] == SERVER:
         p_srv: float = min(st.exact_prefix, prompt[0])
@@ -758,7 +774,8 @@ def losses(st: Structure, counts: Counts, btw: Between | None, cfg: Config) -> V
 
     r_known = reused is not None and factor is not None
     tol = cfg.reuse_tolerance_tokens
-    v.volatile = _volatile_loss(st, counts, factor, unit_src, tol) if st.volatile else None
+    if st.volatile:
+        v.volatile = _volatile_loss(st, counts, factor, unit_src, tol)
 
     charged = st.break_cause is not None and not st.compaction
     deficit = 0.0

@@ -277,9 +277,10 @@ class Labels(dict[bytes, bytes]):
 
 def join_block(block: bytes, labels: Labels) -> bytes:
     """Whole spilled lines as the report writes them: each row with its client label,
-    the rows separated by commas (the block's last row has one after it too)."""
+    the rows separated by commas (none after the block's last row)."""
     parts = block.replace(b"\n", b",").split(b"\0")
     parts[1::2] = map(labels.__getitem__, parts[1::2])
+    parts[-1] = parts[-1][:-1]  # the last row's tail, not the whole block, copied
     return b"".join(parts)
 
 

@@ -23,8 +23,9 @@ makes the structs strict where orjson is lenient:
   reply, R: response digest) is kept as raw JSON and parsed by orjson, at
   the depth it has in the line (`usage()`), so it is exactly the plain
   reader's dict; or, when it is llama-server's fields and nothing else, each
-  of its type, decoded into `LlamaTop` (`llama_usage()`), which the analysis
-  reads as it reads that dict;
+  of its type, decoded into `LlamaTop` (`llama_usage()`, or in the line's
+  own pass: `decode_llama_digest()`), which the analysis reads as it reads
+  that dict;
 * a record with a full body (`request.body` or `response.body` not null)
   is refused: full records keep number text (R2) and go the plain way.
 
@@ -48,11 +49,14 @@ __all__ = [
     "FastMsg",
     "FastTool",
     "Histories",
+    "LlamaRecord",
+    "LlamaResponseDigest",
     "LlamaTop",
     "Msg",
     "ToolDef",
     "ToolLists",
     "decode_digest",
+    "decode_llama_digest",
     "llama_usage",
     "usage",
 ]
@@ -248,7 +252,25 @@ class LlamaTop(_Strict):
     timings: LlamaTimings | None = None
 
 
+class LlamaResponseDigest(ResponseDigest):
+    """A response digest whose `usage` is llama-server's (or null), decoded in the
+    line's own pass instead of a second one (`decode_llama_digest`)."""
+
+    usage: LlamaTop | None = None  # type: ignore[assignment]
+
+
+class LlamaResponse(Response):
+    digest: LlamaResponseDigest | None = None
+
+
+class LlamaRecord(DigestRecord):
+    """`DigestRecord` with llama-server's `usage` typed (`LlamaResponseDigest`)."""
+
+    response: LlamaResponse | None = None
+
+
 _decode = msgspec.json.Decoder(DigestRecord).decode
+_decode_llama_record = msgspec.json.Decoder(LlamaRecord).decode
 _decode_llama = msgspec.json.Decoder(LlamaTop).decode
 _decode_msgs = msgspec.json.Decoder(list[FastMsg] | None).decode
 _decode_tools = msgspec.json.Decoder(list[FastTool] | None).decode
@@ -426,6 +448,20 @@ def decode_digest(line: bytes | memoryview) -> DigestRecord | None:
     """
     try:
         rec = _decode(line)
+    except _ERRORS:
+        return None
+    return rec if rec.v == 1 else None
+
+
+def decode_llama_digest(line: bytes | memoryview) -> LlamaRecord | None:
+    """`decode_digest` with the response's `usage` read as a `LlamaTop` (or null) in
+    the same pass; None also when `usage` is anything else (then `decode_digest`).
+
+    What it accepts `decode_digest` accepts too, with the same values, and
+    `llama_usage` of that usage gives this `LlamaTop`: one decode instead of two
+    for a llama-server recording's every line."""
+    try:
+        rec = _decode_llama_record(line)
     except _ERRORS:
         return None
     return rec if rec.v == 1 else None
