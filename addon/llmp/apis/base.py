@@ -48,6 +48,7 @@ __all__ = [
     "is_set",
     "make_tool_digest",
     "nonneg",
+    "string_end",
     "tools_part",
 ]
 
@@ -314,7 +315,7 @@ def _top_level(data: bytes) -> dict[str, msgspec.Raw] | None:
         if data[pos : pos + 1] != opener:
             return None
         pos = ws(data, pos + 1).end()  # type: ignore[union-attr]
-        end = _string_end(data, pos)
+        end = string_end(data, pos + 1) if data[pos : pos + 1] == b'"' else -1
         if end < 0 or _KEY.decode(data[pos : end + 1]) != key:
             return None
         pos = ws(data, end + 1).end()  # type: ignore[union-attr]
@@ -328,17 +329,20 @@ def _top_level(data: bytes) -> dict[str, msgspec.Raw] | None:
     return top if data[pos:].strip(_WS) == b"}" else None
 
 
-def _string_end(data: bytes, start: int) -> int:
-    """The index of the quote ending the JSON string that opens at `start`, or -1."""
-    if data[start : start + 1] != b'"':
-        return -1
-    end = start + 1
+def string_end(text: str | bytes, start: int) -> int:
+    """The index of the quote ending the JSON string whose body starts at `start`, or -1.
+
+    For the text of a JSON document (`str`) or its bytes alike: a quote ends
+    the string unless an odd number of backslashes comes right before it.
+    """
+    quote, backslash = ('"', "\\") if isinstance(text, str) else (b'"', b"\\")
+    end = start
     while True:
-        end = data.find(b'"', end)
+        end = text.find(quote, end)  # type: ignore[arg-type]
         if end < 0:
             return -1
         slashes = 0
-        while data[end - 1 - slashes] == 0x5C:  # a backslash
+        while text[end - 1 - slashes : end - slashes] == backslash:
             slashes += 1
         if not slashes % 2:
             return end

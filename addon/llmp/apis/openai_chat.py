@@ -24,6 +24,7 @@ from llmp.apis.base import (
     last_non_null,
     make_tool_digest,
     nonneg,
+    string_end,
     tools_part,
 )
 from llmp.format import canonical
@@ -313,21 +314,6 @@ _APPENDED_KEYS = ("content", *_REASONING_KEYS)
 _STRING = msgspec.json.Decoder(str)
 
 
-def _string_end(text: str, start: int) -> int:
-    """The index of the quote that ends the JSON string whose body starts at `start`, or -1."""
-    end = start
-    while True:
-        end = text.find('"', end)
-        if end < 0:
-            return -1
-        slashes = 0
-        while text[end - 1 - slashes] == "\\":
-            slashes += 1
-        if not slashes % 2:
-            return end
-        end += 1
-
-
 # --------------------------------------------------------------------------- SSE
 
 
@@ -599,7 +585,7 @@ class SSEMerger:
             if text.count(needle) != 1:
                 return
             start = text.index(needle) + len(needle)
-            end = _string_end(text, start)
+            end = string_end(text, start)
             if end < 0:
                 return
             prefix, suffix = text[:start], text[end:]
