@@ -2,7 +2,7 @@
 
 Two of them, both taken in the builder child for every chat exchange:
 
-- `SSEMerger.add_same` folds an event that repeats the last one but for
+- `SSEMerger.add_same_run` folds an event that repeats the last one but for
   the string it appends (llama-server's content delta) from its text;
   the plain path parses every event and merges it (`add`).
 - `ChatApi.request_digest_bytes` looks each message's digest up by its
@@ -67,7 +67,7 @@ class _PlainStream(StreamCapture):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._same = self._run = None
+        self._run = None
 
 
 def _stream_outcome(cls: type[StreamCapture], pieces: list[bytes]) -> Any:

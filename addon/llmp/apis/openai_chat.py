@@ -310,7 +310,7 @@ _CHOICE_SPECIAL = frozenset({"index", "delta", "message", "finish_reason", "text
 _TOOL_SPECIAL = frozenset({"index", "id", "type", "function"})
 _FUNCTION_SPECIAL = frozenset({"name", "arguments"})
 _APPENDED_KEYS = ("content", *_REASONING_KEYS)
-"""The delta's strings that a merge appends: `SSEMerger.add_same` folds an event of one."""
+"""The delta's strings that a merge appends: `SSEMerger.add_same_run` folds an event of one."""
 _STRING = msgspec.json.Decoder(str)
 
 
@@ -524,7 +524,7 @@ class SSEMerger:
         self._top: dict[Any, Any] = {}  # first-seen key order, last non-null value
         self._choices: dict[int, _Choice] = {}
         self._count = 0
-        # `add_same`'s template: the last event's text around its one appended string.
+        # `add_same_run`'s template: the last event's text around its one appended string.
         self._prefix: str | None = None
         self._suffix = ""
         self._parts: list[str] = []  # where that string's value goes
@@ -554,7 +554,7 @@ class SSEMerger:
             state.add(choice)
 
     def learn(self, event: dict[str, Any], text: str) -> None:
-        """After `add(event)`: keep `text` as the template `add_same` matches the next event to.
+        """After `add(event)`: keep `text` as the template `add_same_run` folds by.
 
         Only for an event whose merge, apart from one string it appends (the
         delta's `content`, or a reasoning key), gives the same state when
@@ -600,20 +600,14 @@ class SSEMerger:
         except Exception:  # a surprise costs the fast path only
             self._prefix = None
 
-    def add_same(self, text: str) -> bool:
-        """Fold an event that is the last one's text with another appended string.
-
-        True when it was: that string is appended, and nothing else changes
-        (`learn`).  False when the text does not match the template; then the
-        caller parses it and calls `add`, as for any event.
-        """
-        return self.add_same_run([text], 0) == 1
-
     def add_same_run(self, texts: list[str], start: int) -> int:
-        """`add_same` on `texts[start:]` until one is not folded; the index of that one.
+        """Fold the events of `texts[start:]` that are the last one's text with another
+        appended string, until one is not; the index of that one.
 
-        One loop for a run of events: llama-server's content deltas come
-        hundreds in a row.
+        A folded event's string is appended, and nothing else changes
+        (`learn`).  The caller parses the first one not folded and calls
+        `add`, as for any event.  One loop for a run of events:
+        llama-server's content deltas come hundreds in a row.
         """
         prefix = self._prefix
         if prefix is None:

@@ -92,7 +92,6 @@ class StreamCapture:
         "_parsed",
         "_parser",
         "_run",
-        "_same",
         "bad_chunks",
         "body_bytes",
         "chunks",
@@ -112,9 +111,8 @@ class StreamCapture:
         else:
             raise ValueError(f"unknown stream kind: {kind!r}")
         self._merger: Merger = merger_for(api, kind)
-        # A merger that can fold an event from its text alone, when it repeats the
-        # last one but for a string it appends (`SSEMerger.add_same`); SSE only.
-        self._same: Any = getattr(self._merger, "add_same", None) if kind == "sse" else None
+        # A merger that can fold events from their text alone, when they repeat the
+        # last one but for a string it appends (`SSEMerger.add_same_run`); SSE only.
         self._run: Any = getattr(self._merger, "add_same_run", None) if kind == "sse" else None
         self.kind = kind
         self.limit = max(0, int(limit))
@@ -158,7 +156,7 @@ class StreamCapture:
         at, count = 0, len(items)
         while at < count:
             try:
-                folded = run(items, at) - at  # the events `add_same` takes, in one loop
+                folded = run(items, at) - at  # the events folded from their text, in one loop
             except Exception:
                 self.internal_errors += 1
                 folded = 0
@@ -176,9 +174,6 @@ class StreamCapture:
                 self.done_seen = True
                 return
             self.chunks += 1
-            same = self._same
-            if same is not None and same(item):
-                return  # the last event again, but for the string it appends: folded
             try:
                 obj = canonical.loads(item, short_ints=canonical.short_ints_only(item))
             except canonical.NotJSON:
@@ -190,7 +185,7 @@ class StreamCapture:
             merger.add(obj)
             if merger.ended:  # the API's own end event (R29)
                 self.done_seen = True
-            elif same is not None:
+            elif self._run is not None:  # the template the next events are folded by
                 merger.learn(obj, item)  # type: ignore[attr-defined]
         except Exception:
             self.internal_errors += 1
