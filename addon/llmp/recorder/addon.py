@@ -218,13 +218,16 @@ class Recorder:
     # -- flows -------------------------------------------------------------
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if self._finished:
+            _refuse(flow)
+            return
         req = flow.request
         data = req.data
         if data.path.startswith(_RESERVED_PREFIX):
             # Ours: answered in `request`, so it takes no id and makes no record.
             flow.metadata[_RESERVED] = True
             return
-        if self.writer is None or self._finished:
+        if self.writer is None:
             return
         self._last_id += 1
         # References only (the fields are an immutable tuple): the builder decodes
@@ -241,6 +244,12 @@ class Recorder:
         self._inflight[cap.id] = cap
 
     async def request(self, flow: http.HTTPFlow) -> None:
+        if self._finished:
+            # mitmproxy still runs hooks while it tears connections down after
+            # `done`; a request forwarded now would reach the server with no
+            # record (its record, if any, was written in flight at `done`).
+            _refuse(flow)
+            return
         if flow.metadata.get(_RESERVED):
             flow.response = await self._reserved(flow.request.method, flow.request.path)
             return
@@ -337,6 +346,12 @@ class Recorder:
             cap.t_end_ms = now_ms()
         if self.writer is not None:
             self.writer.submit(cap)
+
+
+def _refuse(flow: http.HTTPFlow) -> None:
+    """Kill a flow that reached a hook after shutdown began: it is never forwarded."""
+    if flow.killable:
+        flow.kill()
 
 
 def _live_key(s: llmp_options.Settings) -> tuple[object, ...] | None:
