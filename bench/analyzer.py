@@ -1038,25 +1038,39 @@ def machine_info() -> list[str]:
 
 
 def git_state() -> str:
-    """The commit measured, and whether the analyzer's code differs from it."""
+    """The commit measured, and whether the analyzer's code differs from it.
+
+    Named from the `llmp` package this process imports (as the `llmp` it runs
+    does, `PYTHONPATH` first), not from this bench's own checkout: a tree given by
+    `PYTHONPATH` is what is measured."""
+    import llmp
+
+    pkg = Path(llmp.__file__).resolve().parent
     try:
+        top = subprocess.run(
+            ["git", "-C", str(pkg), "rev-parse", "--show-toplevel"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         head = subprocess.run(
-            ["git", "-C", str(REPO_DIR), "rev-parse", "--short", "HEAD"],
+            ["git", "-C", top, "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
             check=True,
         ).stdout.strip()
         changed = subprocess.run(
-            ["git", "-C", str(REPO_DIR), "status", "--porcelain", "--", "addon/llmp"],
+            ["git", "-C", top, "status", "--porcelain", "--", str(pkg)],
             capture_output=True,
             text=True,
             check=True,
         ).stdout.splitlines()
     except (OSError, subprocess.CalledProcessError):
-        return "not a git checkout"
+        return f"llmp from {pkg} (not a git checkout)"
+    where = "" if Path(top).resolve() == REPO_DIR.resolve() else f" in {top}"
     if not changed:
-        return f"llmp at {head}"
-    return f"llmp at {head} + {len(changed)} uncommitted files under addon/llmp"
+        return f"llmp at {head}{where}"
+    return f"llmp at {head}{where} + {len(changed)} uncommitted files under {pkg.name}"
 
 
 def _has_fnv_c() -> bool:
