@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,29 @@ def _loaded(*argv: str) -> set[str]:
 
 def test_analyze_imports_neither_the_demo_nor_the_recorder() -> None:
     assert _loaded("analyze", "--json", "some.jsonl") == set()
+
+
+_RUN = """
+import sys
+from llmp.cli import main
+code = main(sys.argv[1:])
+print(",".join(sorted(m for m in sys.modules if m.startswith(
+    ("multiprocessing", "concurrent.futures", "llmp.analysis.parallel", "mitmproxy")))), code)
+"""
+
+
+def test_analyze_in_one_process_imports_no_process_pool(tmp_path: Path) -> None:
+    """`--jobs` alone needs multiprocessing: a one-process run does not pay its import."""
+    rec = tmp_path / "empty.jsonl"
+    rec.write_bytes(b"")
+    out = subprocess.run(
+        [sys.executable, "-c", _RUN, "analyze", "--json", str(rec)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()[-1]
+    modules, code = out.rsplit(" ", 1)
+    assert (modules, code) == ("", "0")
 
 
 def test_a_recorder_subcommand_imports_the_recorder() -> None:

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmp.analysis import analyze, parallel
+from llmp.analysis import analyze, command, parallel
 from llmp.analysis.classify import TURN
 from llmp.analysis.command import _print_readable
 from llmp.analysis.linking import RingEntry
@@ -399,9 +399,9 @@ def test_bad_jobs_exit_2(bad: str, tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_parse_jobs() -> None:
-    assert parallel.parse_jobs("auto") == (os.cpu_count() or 1)
-    assert parallel.parse_jobs("3") == 3
-    assert parallel.parse_jobs("0") is None
+    assert command.parse_jobs("auto") == (os.cpu_count() or 1)
+    assert command.parse_jobs("3") == 3
+    assert command.parse_jobs("0") is None
 
 
 def test_the_console_script_on_several_files(tmp_path: Path) -> None:

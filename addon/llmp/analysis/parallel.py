@@ -66,17 +66,6 @@ TOOLS_CACHED = 4096
 that its cache starts again and the family lookup's identity shortcut with it."""
 
 
-def parse_jobs(text: str) -> int | None:
-    """`--jobs`: a count of 1 or more, or `auto` (the machine's cores); None if neither."""
-    if text == "auto":
-        return os.cpu_count() or 1
-    try:
-        n = int(text)
-    except ValueError:
-        return None
-    return n if n >= 1 else None
-
-
 # -- the plan: sessions as byte ranges ---------------------------------------
 
 
@@ -764,4 +753,4 @@ class _Pool:
         return False
 
 
-__all__ = ["Plan", "Unit", "analyze_parallel", "one_process", "parse_jobs", "plan"]
+__all__ = ["Plan", "Unit", "analyze_parallel", "one_process", "plan"]
