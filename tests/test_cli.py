@@ -12,44 +12,45 @@ from llmp.cli import COMMANDS, build_parser, main
 
 _PROBE = """
 import sys
-from llmp.cli import build_parser
-build_parser(sys.argv[1:]).parse_args(sys.argv[1:])
-print(",".join(sorted(m for m in sys.modules if m.startswith(("llmp.demo", "llmp.recorder")))))
+from llmp.cli import build_parser, main
+mode, prefixes, *argv = sys.argv[1:]
+code = 0
+if mode == "run":
+    code = main(argv)
+else:
+    build_parser(argv).parse_args(argv)
+print(",".join(sorted(m for m in sys.modules if m.startswith(tuple(prefixes.split(","))))), code)
 """
 
 
-def _loaded(*argv: str) -> set[str]:
+def _probe(argv: list[str], prefixes: tuple[str, ...], run: bool = False) -> tuple[set[str], str]:
+    """The modules under `prefixes` loaded once the command line is parsed (or, with
+    `run`, once the command has run), and the exit code."""
     out = subprocess.run(
-        [sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    return set(out.split(",")) - {""}
+        [sys.executable, "-c", _PROBE, "run" if run else "parse", ",".join(prefixes), *argv],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()[-1]
+    modules, code = out.rsplit(" ", 1)
+    return set(modules.split(",")) - {""}, code
+
+
+def _loaded(*argv: str) -> set[str]:
+    return _probe(list(argv), ("llmp.demo", "llmp.recorder"))[0]
 
 
 def test_analyze_imports_neither_the_demo_nor_the_recorder() -> None:
     assert _loaded("analyze", "--json", "some.jsonl") == set()
 
 
-_RUN = """
-import sys
-from llmp.cli import main
-code = main(sys.argv[1:])
-print(",".join(sorted(m for m in sys.modules if m.startswith(
-    ("multiprocessing", "concurrent.futures", "llmp.analysis.parallel", "mitmproxy")))), code)
-"""
-
-
 def test_analyze_in_one_process_imports_no_process_pool(tmp_path: Path) -> None:
     """`--jobs` alone needs multiprocessing: a one-process run does not pay its import."""
     rec = tmp_path / "empty.jsonl"
     rec.write_bytes(b"")
-    out = subprocess.run(
-        [sys.executable, "-c", _RUN, "analyze", "--json", str(rec)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.splitlines()[-1]
-    modules, code = out.rsplit(" ", 1)
-    assert (modules, code) == ("", "0")
+    pool = ("multiprocessing", "concurrent.futures", "llmp.analysis.parallel", "mitmproxy")
+    modules, code = _probe(["analyze", "--json", str(rec)], pool, run=True)
+    assert (modules, code) == (set(), "0")
 
 
 def test_a_recorder_subcommand_imports_the_recorder() -> None:
