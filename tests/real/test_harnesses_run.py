@@ -317,6 +317,29 @@ def server_counters(rec: dict[str, Any]) -> tuple[int | None, int | None]:
     return cached, prompt - cached
 
 
+def _replies(run: Run) -> list[dict[str, Any]]:
+    """The chat requests the server answered with a 200, once every other attempt is
+    shown to be a connection reset that the harness sent again.
+
+    llama-server may reset a kept-alive connection as the proxy reuses it: CI saw
+    Claude Code's fifth request reset after 4 ms (`upstream_reset`), and Claude Code
+    sent the same body again next. That attempt is no reply; any other failure, or a
+    reset not resent, fails the check."""
+    posts = [r for r in run.records if _is_chat(r)]
+    assert posts, run.stderr[-4000:]
+    answered = [r for r in posts if r["error"] is None and r["response"]["status"] == 200]
+    for r, after in zip(posts, [*posts[1:], None], strict=True):
+        if r not in answered:
+            resent = after is not None and after["request"]["body"] == r["request"]["body"]
+            assert r["error"] == "upstream_reset" and resent, (
+                f"record {r['id']}: error {r['error']}, status "
+                f"{(r['response'] or {}).get('status')}, resent next: {resent}\n"
+                f"{run.stderr[-4000:]}"
+            )
+    assert answered, run.stderr[-4000:]
+    return answered
+
+
 def check_report_printed(run: Run) -> None:
     """stderr holds the report of this recording, the live lines are in FILE.live.log."""
     n = len(run.rows)
@@ -463,8 +486,7 @@ def check_claude_exit(run: Run) -> None:
     Resume directly…") up to three times; if the fourth stops there too, Claude Code
     prints "API Error: Claude's response exceeded the N output token maximum" and
     exits 1. A reply that ends by itself ends the run with 0."""
-    posts = [r for r in run.records if _is_chat(r)]
-    assert posts, run.stderr[-4000:]
+    posts = _replies(run)
     last = _body(posts[-1]).get("stop_reason")
     if last == "max_tokens":
         assert len(posts) == 4, [_body(r).get("stop_reason") for r in posts]
@@ -539,12 +561,8 @@ def _reply_text(body: dict[str, Any]) -> str:
 
 def check_codex_exit(run: Run) -> None:
     """`codex exec` exits 0 when its turn completed, and prints the last reply on stdout."""
-    posts = [r for r in run.records if _is_chat(r)]
-    assert posts, run.stderr[-4000:]
-    statuses = [
-        _body(r).get("status") if r["error"] is None and r["response"]["status"] == 200 else None
-        for r in posts
-    ]
+    posts = _replies(run)
+    statuses = [_body(r).get("status") for r in posts]
     assert all(s == "completed" for s in statuses), (
         f"not every response completed ({statuses}): NOTES.md documents exit 1 on an error "
         f"and nothing else\n{run.stderr[-4000:]}"
