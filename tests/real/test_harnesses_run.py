@@ -322,7 +322,7 @@ def _replies(run: Run) -> list[dict[str, Any]]:
     shown to be a connection reset that the harness sent again.
 
     llama-server may reset a kept-alive connection as the proxy reuses it: CI saw
-    Claude Code's fifth request reset after 4 ms (`upstream_reset`), and Claude Code
+    Claude Code's fourth request (record 5) reset after 4 ms (`upstream_reset`), and Claude Code
     sent the same body again next. That attempt is no reply; any other failure, or a
     reset not resent, fails the check."""
     posts = [r for r in run.records if _is_chat(r)]
