@@ -10,7 +10,14 @@ from typing import Any
 import orjson
 import pytest
 
-from llmp.analysis.reader import Recording, read_all
+from llmp.analysis.reader import (
+    NeedsExactOrder,
+    ReadStats,
+    Recording,
+    in_order,
+    read_all,
+    sorted_index,
+)
 from llmp.format.canonical import RawFloat, record_dumps
 from llmp.format.lines import parse_line
 from tests.support import scenarios as sc
@@ -235,3 +242,52 @@ def test_a_file_truncated_while_it_is_read_ends_with_a_bad_line(tmp_path: Path) 
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     n, last, records, bad = map(int, done.stdout.split())
     assert (n, last, records, bad) == (4000, 4000, 4000, 1)
+
+
+def _offer(keys: list[tuple[int, int]]) -> list[tuple[tuple[int, int], int, int, int]]:
+    """`in_order`'s input: each key with its position as the item, 10 bytes, file 0."""
+    return [(key, i, 10, 0) for i, key in enumerate(keys)]
+
+
+def test_in_order_numbers_sessions_and_skips_what_take_refuses() -> None:
+    # ids 1 2 3, then a second proxy's 1 2 (a new session), item 2 refused by `take`.
+    keys = [(100, 1), (101, 2), (102, 3), (103, 1), (104, 2)]
+    seen: list[tuple[int, bool]] = []
+
+    def take(item: int, direct: bool) -> int | None:
+        seen.append((item, direct))
+        return None if item == 2 else item * 10
+
+    stats = ReadStats()
+    got = list(in_order(_offer(keys), take, stats, 100, 1 << 20))
+    assert got == [(1, 0, 0), (1, 10, 0), (2, 30, 0), (2, 40, 0)]
+    assert stats.sessions == 2
+    assert all(direct for _, direct in seen)  # all in order: none waited
+
+
+def test_in_order_holds_a_gap_until_the_window_is_full() -> None:
+    keys = [(101, 3), (102, 4), (103, 5)]  # ids 1 and 2 never come
+    released: list[int] = []
+
+    def take(item: int, direct: bool) -> int:
+        released.append(item)
+        assert not direct
+        return item
+
+    got = iter(in_order(_offer(keys), take, ReadStats(), 2, 1 << 20))
+    assert next(got) == (1, 0, 0)  # released when the third line overflowed the window
+    assert released == [0]
+    assert list(got) == [(1, 1, 0), (1, 2, 0)]  # then id 4 is the next, and 5
+
+
+def test_in_order_says_when_a_line_sorts_before_one_released() -> None:
+    keys = [(100, 1), (101, 2), (99, 7)]
+    with pytest.raises(NeedsExactOrder):
+        list(in_order(_offer(keys), lambda item, direct: item, ReadStats(), 100, 1 << 20))
+
+
+def test_exact_order_is_in_order_over_the_sorted_index() -> None:
+    index = [(102, 3, 0, 20, 10), (100, 1, 1, 0, 10), (101, 2, 0, 0, 10), (100, 1, 0, 10, 10)]
+    got = list(in_order(sorted_index(index), lambda item, direct: item, ReadStats(), 0, 0))
+    # (100, 1) twice: the id fails to increase, so the second starts a session (R16).
+    assert got == [(1, (0, 10, 10), 0), (2, (1, 0, 10), 1), (2, (0, 0, 10), 0), (2, (0, 20, 10), 0)]

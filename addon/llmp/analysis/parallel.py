@@ -5,9 +5,9 @@ in order of first request, tool families a later session can join),
 conversation numbers that run across sessions, and the totals, findings and
 rows summed in `Engine._emit`.  So:
 
-1. `plan` finds the sessions as the reader would (`Recording.stream_sourced`:
-   the same file order, window and session starts, and its exact order when
-   a line goes back in time), from each line's key only, and keeps each
+1. `plan` finds the sessions as the reader does, with the reader's own
+   `reader.in_order` (the same file order, window and session starts, and the
+   exact order when a line goes back in time), from each line's key only, and keeps each
    session's lines as byte ranges of its files, cut into units of whole
    sessions handed to the workers as soon as they are complete.
 2. A worker runs the engine over one unit with a registry that hands out
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copyreg
 import gc
-import heapq
 import multiprocessing
 import os
 import pickle
@@ -36,7 +35,7 @@ import re
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -48,7 +47,16 @@ from llmp.analysis.exchange import Exchange, Tools, read_record
 from llmp.analysis.findings import Findings
 from llmp.analysis.linking import RingEntry
 from llmp.analysis.loss import Between
-from llmp.analysis.reader import WINDOW_BYTES, WINDOW_LINES, ReadStats, Recording
+from llmp.analysis.reader import (
+    WINDOW_BYTES,
+    WINDOW_LINES,
+    Keyed,
+    NeedsExactOrder,
+    ReadStats,
+    Recording,
+    in_order,
+    sorted_index,
+)
 from llmp.format.lines import KEY_RE, key_and_record, parse_line, with_number_text
 
 if TYPE_CHECKING:
@@ -114,20 +122,17 @@ class _Cut:
         self.size = size
         self.units: list[Unit] = []
         self.session = 0
-        self._last_id: int | None = None
         self._ready = ready
 
-    def __call__(self, rid: int, fi: int, start: int, n: int, direct: bool) -> None:
-        last = self._last_id
-        if last is None or rid <= last:  # R16: a new session
-            self.session += 1
+    def __call__(self, session: int, fi: int, start: int, n: int, direct: bool) -> None:
+        if session != self.session:
+            self.session = session
             units = self.units
             if not units or units[-1].size >= self.size:
                 if units:
                     self._ready(units[-1])
                 units.append(Unit())
-        self._last_id = rid
-        self.units[-1].add(self.session, fi, start, n, direct)
+        self.units[-1].add(session, fi, start, n, direct)
 
     def end(self) -> None:
         if len(self.units) > 1:
@@ -156,14 +161,15 @@ def plan(
 
     From each line's key only: a line that matches the recorder's key is taken for a
     record here, and the worker checks that it decodes (else the plan is void).  The
-    first pass follows `stream_sourced`; where a line sorts before one released, the
-    reader would start again in exact order (`exact_sourced`), and so does the plan,
-    after calling `restart` (the units given to `ready` so far are void).
+    first pass is `stream_sourced`'s (`in_order` through the window); where a line
+    sorts before one released, the reader starts again in exact order
+    (`exact_sourced`), and so does the plan, after calling `restart` (the units given
+    to `ready` so far are void).
     """
     try:
         cut = _Cut(size, ready)
         stats = _stream(rec, cut, window_lines, window_bytes)
-    except _Exact:
+    except NeedsExactOrder:
         restart()
         cut = _Cut(size, ready)
         stats = _exact(rec, cut)
@@ -171,10 +177,6 @@ def plan(
     stats.records = sum(u.records for u in cut.units)
     stats.sessions = cut.session
     return Plan(rec.files(), cut.units, stats)
-
-
-class _Exact(Exception):
-    """A line sorts before one already released: the reader's exact order."""
 
 
 BLOCK = 4 << 20
@@ -215,68 +217,52 @@ def _key(
     return key_and_record(line)[0]
 
 
-def _stream(rec: Recording, release: _Cut, window_lines: int, window_bytes: int) -> ReadStats:
-    """`Recording.stream_sourced` on keys."""
-    stats = ReadStats(bytes_total=rec.stats.bytes_total)
-    heap: list[tuple[int, int, int, int, int, int]] = []
-    held = seq = 0
-    last_key: tuple[int, int] | None = None
-    last_id: int | None = None
+def _keyed_spans(files: Iterable[tuple[int, str]], stats: ReadStats) -> Iterator[Keyed]:
+    """The lines of the files with their keys, as `Recording` offers them to `in_order`
+    (bad lines counted, blank ones skipped); each item is `(offset, size)`."""
     match = KEY_RE.match
-    for fi, path in rec.ordered():
+    for fi, path in files:
         with open(path, "rb") as f:
             for start, n, buf, pos in _spans(f):
                 key = _key(buf, pos, n, match)
                 if key is None:
                     stats.bad_lines += 1
-                    continue
-                if key is BLANK:
-                    continue
-                if last_key is not None and key < last_key:
-                    raise _Exact
-                rid = key[1]
-                if not heap and (rid == 1 or (last_id is not None and rid == last_id + 1)):
-                    release(rid, fi, start, n, True)
-                    last_key, last_id = key, rid
-                    continue
-                seq += 1
-                heapq.heappush(heap, (key[0], rid, seq, fi, start, n))
-                held += n
-                while heap:
-                    rid = heap[0][1]
-                    if not (
-                        rid == 1
-                        or (last_id is not None and rid == last_id + 1)
-                        or len(heap) > window_lines
-                        or held > window_bytes
-                    ):
-                        break
-                    t, rid, _, src, s0, n0 = heapq.heappop(heap)
-                    held -= n0
-                    release(rid, src, s0, n0, False)
-                    last_key, last_id = (t, rid), rid
-    while heap:
-        t, rid, _, src, s0, n0 = heapq.heappop(heap)
-        release(rid, src, s0, n0, False)
+                elif key is not BLANK:
+                    yield key, (start, n), n, fi
+
+
+def _where(item: tuple[int, int], direct: bool) -> tuple[int, int, bool]:
+    """What the plan keeps of a line `in_order` releases: where it lies, and how."""
+    return item[0], item[1], direct
+
+
+def _where_sorted(item: tuple[int, int, int], direct: bool) -> tuple[int, int, bool]:
+    """`_where` in exact order, where every line is read with `read` (never direct)."""
+    return item[1], item[2], False
+
+
+def _stream(rec: Recording, release: _Cut, window_lines: int, window_bytes: int) -> ReadStats:
+    """`Recording.stream_sourced` on keys."""
+    stats = ReadStats(bytes_total=rec.stats.bytes_total)
+    lines = _keyed_spans(rec.ordered(), stats)
+    for session, (start, n, direct), fi in in_order(
+        lines, _where, stats, window_lines, window_bytes
+    ):
+        release(session, fi, start, n, direct)
     return stats
 
 
 def _exact(rec: Recording, release: _Cut) -> ReadStats:
     """`Recording.exact_sourced` on keys: an index of every line, sorted."""
     stats = ReadStats(bytes_total=rec.stats.bytes_total, exact=True)
-    index: list[tuple[int, int, int, int, int]] = []
-    match = KEY_RE.match
-    for fi, path in enumerate(rec.files()):
-        with open(path, "rb") as f:
-            for off, n, buf, pos in _spans(f):
-                key = _key(buf, pos, n, match)
-                if key is None:
-                    stats.bad_lines += 1
-                elif key is not BLANK:
-                    index.append((key[0], key[1], fi, off, n))
-    index.sort()
-    for _, rid, fi, off, n in index:
-        release(rid, fi, off, n, False)
+    index = [
+        (key[0], key[1], fi, start, n)
+        for key, (start, n), n, fi in _keyed_spans(enumerate(rec.files()), stats)
+    ]
+    for session, (start, n, direct), fi in in_order(
+        sorted_index(index), _where_sorted, stats, 0, 0
+    ):
+        release(session, fi, start, n, direct)
     return stats
 
 

@@ -16,19 +16,22 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from llmp.format.lines import KEY_RE, key_and_record, line_key, parse_line, with_number_text
 
 __all__ = [
+    "Keyed",
     "NeedsExactOrder",
     "ReadStats",
     "Recording",
     "Sourced",
+    "in_order",
     "read_all",
     "read_sourced",
+    "sorted_index",
 ]
 
 WINDOW_LINES = 20_000
@@ -253,15 +256,17 @@ class Recording:
         self.stats = ReadStats(bytes_total=self.stats.bytes_total)
         bar = self._bar or _Progress(False, 0)
         bar.restart("reading", self.stats.bytes_total)
-        heap: list[tuple[int, int, int, bytes, int]] = []
-        held = 0
-        seq = 0
-        last_key: tuple[int, int] | None = None
-        last_id: int | None = None
-        session = 0
-        key: tuple[int, int] | None
+        yield from in_order(
+            self._keyed_lines(bar), self._take, self.stats, self.window_lines, self.window_bytes
+        )
+
+    def _keyed_lines(self, bar: _Progress) -> Iterator[Keyed]:
+        """Every line of the files in `ordered` order with its key, bar bad and blank ones.
+
+        The item is the line, or `(line, parsed)` when finding its key took a parse
+        (another producer's key order): `_take` keeps that parse for a line that
+        leaves the window at once."""
         match = KEY_RE.match
-        read = self.read
         stats = self.stats
         shown = bar.shown  # without a bar, nothing to advance for every line
         for fi, inp in self._ordered_inputs():
@@ -275,68 +280,23 @@ class Recording:
                         if v != b"1":
                             stats.bad_lines += 1
                             continue
-                        key = (int(t_text), int(rid_text))
-                        parsed = None
-                    else:
-                        if line[:1] != b"{" and _blank(line):
-                            continue
-                        key, parsed = key_and_record(line)
-                        if key is None:
-                            stats.bad_lines += 1
-                            continue
-                    if last_key is not None and key < last_key:
-                        raise NeedsExactOrder
-                    rid = key[1]
-                    if not heap and (rid == 1 or (last_id is not None and rid == last_id + 1)):
-                        # The usual case: the next record, in order; no need to wait.
-                        if parsed is not None:
-                            rec: Any = with_number_text(parsed, line)
-                        else:
-                            rec = read(line)
-                        if rec is None:
-                            stats.bad_lines += 1
-                            continue
-                        stats.records += 1
-                        if last_id is None or rid <= last_id:
-                            session += 1
-                        last_key, last_id = key, rid
-                        yield session, rec, fi
+                        yield (int(t_text), int(rid_text)), line, len(line), fi
                         continue
-                    seq += 1
-                    raw = line  # held: its own bytes, not the block's
-                    heapq.heappush(heap, (key[0], rid, seq, raw, fi))
-                    held += len(raw)
-                    while heap:
-                        rid = heap[0][1]
-                        if not (
-                            rid == 1
-                            or (last_id is not None and rid == last_id + 1)
-                            or len(heap) > self.window_lines
-                            or held > self.window_bytes
-                        ):
-                            break
-                        t, rid, _, raw, src = heapq.heappop(heap)
-                        held -= len(raw)
-                        rec = self._release(raw)
-                        if rec is None:
-                            continue
-                        if last_id is None or rid <= last_id:
-                            session += 1
-                        last_key, last_id = (t, rid), rid
-                        yield session, rec, src
-        while heap:
-            t, rid, _, raw, src = heapq.heappop(heap)
-            rec = self._release(raw)
-            if rec is None:
-                continue
-            if last_id is None or rid <= last_id:
-                session += 1
-            last_id = rid
-            yield session, rec, src
-        self.stats.sessions = session
+                    if line[:1] != b"{" and _blank(line):
+                        continue
+                    key, parsed = key_and_record(line)
+                    if key is None:
+                        stats.bad_lines += 1
+                        continue
+                    yield key, (line, parsed), len(line), fi
 
-    def _release(self, raw: bytes) -> Any:
-        rec = self.read(raw)
+    def _take(self, item: bytes | tuple[bytes, Any], direct: bool) -> Any:
+        """The record a line becomes (`read`), or None for a bad line (counted)."""
+        if isinstance(item, tuple):
+            line, parsed = item
+            rec = with_number_text(parsed, line) if direct else self.read(line)
+        else:
+            rec = self.read(item)
         if rec is None:
             self.stats.bad_lines += 1
         else:
@@ -362,28 +322,106 @@ class Recording:
                         else:
                             index.append((key[0], key[1], fi, off, n))
                     off += n
-        index.sort()
         bar.restart("analysing", self.stats.bytes_total)
         files = [open(inp.path, "rb") for inp in self._inputs]
+        take = self._take
+
+        def read_at(item: tuple[int, int, int], direct: bool) -> Any:
+            fi, off, n = item
+            f = files[fi]
+            f.seek(off)
+            bar.advance(n)
+            return take(f.read(n), False)
+
         try:
-            last_id: int | None = None
-            session = 0
-            for _, rid, fi, off, n in index:
-                f = files[fi]
-                f.seek(off)
-                raw = f.read(n)
-                bar.advance(n)
-                rec = self._release(raw)
-                if rec is None:
-                    continue
-                if last_id is None or rid <= last_id:
-                    session += 1
-                last_id = rid
-                yield session, rec, fi
-            self.stats.sessions = session
+            yield from in_order(sorted_index(index), read_at, self.stats, 0, 0)
         finally:
             for f in files:
                 f.close()
+
+
+Keyed = tuple[tuple[int, int], Any, int, int]
+"""`(key, item, size, file)`: a line offered to `in_order`: its sort key
+`(t_start_ms, id)`, what `take` makes a record of, its bytes (the window counts
+them) and the index of its file."""
+
+
+def in_order(
+    lines: Iterable[Keyed],
+    take: Callable[[Any, bool], Any],
+    stats: ReadStats,
+    window_lines: int,
+    window_bytes: int,
+) -> Iterator[Sourced]:
+    """R16, written once: records in `(t_start_ms, id)` order, numbered by session.
+
+    Lines wait in a window of at most `window_lines` lines and `window_bytes` bytes,
+    and leave it as soon as no later line can sort before them: the line is the
+    next of its session (id 1, or one more than the last id released), or the
+    window is full.  A line that sorts before one released raises NeedsExactOrder.
+    Each line leaves through `take(item, direct)`, which says what it became: None
+    for a line that is no record (it counts for nothing here); `direct` says it
+    left at once, never held.  A new session starts wherever a record's id fails
+    to increase.  Sets `stats.sessions`.
+
+    Both readings use it: the reader's (`take` reads the record) and the plan of
+    `--jobs` (`take` notes where the line lies), and exact mode feeds it the whole
+    input sorted (`sorted_index`), which then never waits out of order.
+    """
+    heap: list[tuple[int, int, int, Any, int, int]] = []
+    held = seq = session = 0
+    last_key: tuple[int, int] | None = None
+    last_id: int | None = None
+    it = iter(lines)
+    more = True
+    while more:
+        for key, item, n, fi in it:
+            if last_key is not None and key < last_key:
+                raise NeedsExactOrder
+            rid = key[1]
+            if not heap and (rid == 1 or (last_id is not None and rid == last_id + 1)):
+                # The usual case: the next record, in order; no need to wait.
+                rec = take(item, True)
+                if rec is None:
+                    continue
+                if last_id is None or rid <= last_id:  # R16 step 2
+                    session += 1
+                last_key, last_id = key, rid
+                yield session, rec, fi
+                continue
+            seq += 1
+            heapq.heappush(heap, (key[0], rid, seq, item, n, fi))
+            held += n
+            break
+        else:
+            more = False  # the end: everything held leaves
+        while heap:
+            rid = heap[0][1]
+            if more and not (
+                rid == 1
+                or (last_id is not None and rid == last_id + 1)
+                or len(heap) > window_lines
+                or held > window_bytes
+            ):
+                break
+            t, rid, _, item, n, fi = heapq.heappop(heap)
+            held -= n
+            rec = take(item, False)
+            if rec is None:
+                continue
+            if last_id is None or rid <= last_id:  # R16 step 2
+                session += 1
+            last_key, last_id = (t, rid), rid
+            yield session, rec, fi
+    stats.sessions = session
+
+
+def sorted_index(index: list[tuple[int, int, int, int, int]]) -> Iterator[Keyed]:
+    """An index of every line, `(t_start_ms, id, file, offset, size)`, sorted and
+    offered to `in_order` (exact mode): each item is `(file, offset, size)`."""
+    index.sort()
+    for t, rid, fi, off, n in index:
+        yield (t, rid), (fi, off, n), n, fi
 
 
 def read_all(
