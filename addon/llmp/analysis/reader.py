@@ -433,18 +433,23 @@ def read_all(
     window_lines: int = WINDOW_LINES,
     window_bytes: int = WINDOW_BYTES,
 ) -> tuple[Any, ReadStats]:
-    """Run `consume` over the records, restarting it in exact mode if needed.
+    """Run `consume` over `(session, record)`, restarting it in exact mode if needed
+    (`read_sourced` without the file of each record).
 
     `consume` must start from scratch each time it is called.
     """
-    with Recording(
-        paths, progress=progress, stdin=stdin, window_lines=window_lines, window_bytes=window_bytes
-    ) as rec:
-        try:
-            result = consume(rec.stream())
-        except NeedsExactOrder:
-            result = consume(rec.exact())
-        return result, rec.stats
+
+    def pairs(records: Iterator[Sourced]) -> Any:
+        return consume((session, rec) for session, rec, _ in records)
+
+    return read_sourced(
+        paths,
+        pairs,
+        progress=progress,
+        stdin=stdin,
+        window_lines=window_lines,
+        window_bytes=window_bytes,
+    )
 
 
 def read_sourced(
@@ -457,7 +462,9 @@ def read_sourced(
     window_bytes: int = WINDOW_BYTES,
     read: Callable[[bytes | memoryview], Any] = parse_line,
 ) -> tuple[Any, ReadStats]:
-    """`read_all`, each record with the index in `paths` of the file it came from.
+    """Run `consume` over the records, each with the index in `paths` of the file it
+    came from, restarting it in exact mode if needed (`consume` must start from
+    scratch each time it is called).
 
     A session can span files (R17 joins them by id), so the file is the
     record's, not the session's: `--rows` names it in its `recording` column.
