@@ -37,7 +37,7 @@ Needs ``LLMP_LLAMA_SERVER`` / ``LLMP_LLAMA_MODEL``; aider as
 ``$LLMP_HARNESS_BIN`` (where `.ci/run` installs them with npm) or on PATH.
 Each test is skipped, with the reason, when its harness is missing. Nothing
 is installed here. About 2 minutes in all on a quiet two-core machine, 10
-under other test load (prefill: Claude Code's first prompt is about 3,100
+under other test load (prefill: Claude Code's first prompt is about 4,200
 tokens, Codex's 4,600).
 """
 
@@ -484,7 +484,7 @@ def test_aider_under_llmp_run(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- Claude Code
 
-CLAUDE_PACKAGE = "@anthropic-ai/claude-code@2.1.197"
+CLAUDE_PACKAGE = "@anthropic-ai/claude-code@2.1.332"
 
 
 def check_claude_exit(run: Run) -> None:
