@@ -101,3 +101,17 @@ def test_another_system_prompt_with_all_the_tools_stays_a_turn(tmp_path: Path, m
     r = rows_by_id(analyse(tr, tmp_path, mode))
     assert r[3]["kind"] == "turn" and r[3]["conversation"] == 1 and r[3]["linked_to"] == 2
     assert r[3]["break_cause"] == "system_changed", r[3]
+
+
+def test_a_cut_system_prompt_with_fewer_tools_stays_a_turn(tmp_path: Path, mode: str) -> None:
+    """After a context error a harness resends the history under the start of its system
+    prompt with fewer tools: a turn that changed its system prompt and tools, not a
+    side-call, though the history is one user message and the reply."""
+    tr = sc.Traffic()
+    a = sc.Agent(tr, sc.LlamaServer())
+    a.turn(sc.text("ask", 300), sc.text("answer", 200))
+    a.messages[0] = {"role": "system", "content": sc.SYSTEM[: len(sc.SYSTEM) // 3]}
+    a.tools = sc.CODING_TOOLS[:2]
+    a.turn(sc.text("log", 900), sc.text("answer 2", 200))
+    r = rows_by_id(analyse(tr, tmp_path, mode))
+    assert r[2]["kind"] == "turn" and r[2]["linked_to"] == 1, r[2]

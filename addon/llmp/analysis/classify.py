@@ -79,12 +79,14 @@ def _works_on_the_history(ex: Exchange, link: Link | None, ref: Conversation) ->
     can come between a turn and its memory extraction, which does not resend that
     message. The tools: 0.15.10 sent a subset of the turn's, 0.24.4 sends 3 of the 10
     it has with `-p` and 3 others. Another system prompt with every tool of the
-    conversation stays a turn."""
+    conversation stays a turn, and so does a system prompt that keeps the first 256
+    characters of the conversation's (a harness that cut its prompt and tools after a
+    context error)."""
     if link is None or link.conv is not ref or link.mode not in (CONTINUATION, PREFIX):
         return False
     last = ref.last
-    if ex.hashes[: ex.n_sys] == last.sys:
-        return False
+    if not ex.n_sys or not last.sys or ex.edges(0)[1] == last.edges(0)[1]:
+        return False  # the same system prompt, or one that keeps its start (cut, edited)
     if link.k < 2 and not (link.k == len(last.rest) and carries_reply(ex, last.out_chars)):
         return False  # the first user message alone is what a title call resends
     names = ex.tools.names
