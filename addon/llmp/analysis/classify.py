@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from llmp.analysis.linking import CONTINUATION, OVERLAP, PREFIX, Conversation, Link
+from llmp.analysis.linking import (
+    CONTINUATION,
+    OVERLAP,
+    PREFIX,
+    Conversation,
+    Link,
+    carries_reply,
+)
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config
@@ -60,20 +67,33 @@ def side_call_marker(ex: Exchange, ref: Conversation, cfg: Config) -> str | None
 
 
 def _works_on_the_history(ex: Exchange, link: Link | None, ref: Conversation) -> bool:
-    """A request that resends the conversation's whole history under another system
-    prompt, with a proper subset of its tools: a side-call that works on the history
-    (Qwen Code's memory extraction after every turn), not a turn of the conversation
-    and not a subagent (which starts from its own first message)."""
+    """A request that resends the conversation's history under another system prompt,
+    with tools that leave some of the conversation's out: a side-call that works on the
+    history (Qwen Code's memory extraction after every turn), not a turn of the
+    conversation and not a subagent (which starts from its own first message).
+
+    The history is the start of the last turn's messages after the system prompt: at
+    least two of them, or its only one and the reply to it (Qwen Code 0.24.4 puts its
+    context and the prompt in one user message). Not always all of them: 0.24.4's
+    prompt suggestion (the turn's whole prompt and one more user message, a turn here)
+    can come between a turn and its memory extraction, which does not resend that
+    message. The tools: 0.15.10 sent a subset of the turn's, 0.24.4 sends 3 of the 10
+    it has with `-p` and 3 others. Another system prompt with every tool of the
+    conversation stays a turn, and so does a system prompt that keeps the first 256
+    characters of the conversation's (a harness that cut its prompt and tools after a
+    context error)."""
     if link is None or link.conv is not ref or link.mode not in (CONTINUATION, PREFIX):
         return False
     last = ref.last
-    if link.k < max(2, len(last.rest)) or ex.hashes[: ex.n_sys] == last.sys:
-        return False
+    if not ex.n_sys or not last.sys or ex.edges(0)[1] == last.edges(0)[1]:
+        return False  # the same system prompt, or one that keeps its start (cut, edited)
+    if link.k < 2 and not (link.k == len(last.rest) and carries_reply(ex, last.out_chars)):
+        return False  # the first user message alone is what a title call resends
     names = ex.tools.names
     if not names:
         return False
     before = {t.name for t in last.tool_digests if t is not None}
-    return names < before
+    return not before <= names
 
 
 def classify(
