@@ -84,11 +84,11 @@ def test_a_failed_request_whose_role_is_a_list_is_skipped() -> None:
     """A failed chat request's system prompt is read for what the client does next
     (`exchange._probe`): a damaged role there (an unhashable list, as Hypothesis
     once found) ends the system prompt instead of raising."""
-    recs = copy.deepcopy(BASE[:2])
-    first = recs[0]
+    first, second = copy.deepcopy(BASE[:2])
+    assert first is not None and second is not None
     first["error"] = "upstream_reset"
     first["request"]["digest"]["messages"][0]["role"] = ["system"]
     engine = Engine(spill=False)
     assert engine.feed(1, first) is None  # skipped, not raised
-    assert engine.feed(1, recs[1]) is not None
+    assert engine.feed(1, second) is not None
     assert engine.totals.records == 2
