@@ -31,11 +31,10 @@ import gc
 import multiprocessing
 import os
 import pickle
-import re
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -50,11 +49,12 @@ from llmp.analysis.loss import Between
 from llmp.analysis.reader import (
     WINDOW_BYTES,
     WINDOW_LINES,
-    Keyed,
     NeedsExactOrder,
     ReadStats,
     Recording,
     in_order,
+    index_lines,
+    keyed_spans,
     sorted_index,
 )
 from llmp.format.lines import KEY_RE, key_and_record, parse_line, with_number_text
@@ -179,58 +179,6 @@ def plan(
     return Plan(rec.files(), cut.units, stats)
 
 
-BLOCK = 4 << 20
-BLANK = (0, -1)
-"""What `_key` says of a blank line (the reader skips those without counting them)."""
-
-
-def _spans(f: IO[bytes]) -> Iterator[tuple[int, int, bytes, int]]:
-    """Each line of a file as the reader splits them (the last maybe without its `\n`):
-    its offset and length, and a block that holds it at a position (no bytes object
-    per line: most lines only have their key matched in place)."""
-    buf = b""
-    pos = base = 0  # base: the file offset of buf[0]
-    while chunk := f.read(BLOCK):
-        base += pos
-        buf = buf[pos:] + chunk if pos < len(buf) else chunk
-        pos = 0
-        find = buf.find
-        while (end := find(b"\n", pos)) >= 0:
-            end += 1
-            yield base + pos, end - pos, buf, pos
-            pos = end
-    if pos < len(buf):
-        yield base + pos, len(buf) - pos, buf, pos
-
-
-def _key(
-    buf: bytes, pos: int, n: int, match: Callable[[bytes, int], re.Match[bytes] | None]
-) -> tuple[int, int] | None:
-    """`format.lines.line_key` of the line at `pos`; `BLANK` (by identity) for a blank one."""
-    m = match(buf, pos)
-    if m is not None:
-        v, rid_text, t_text = m.groups()
-        return (int(t_text), int(rid_text)) if v == b"1" else None
-    line = buf[pos : pos + n]
-    if line[:1] != b"{" and not line.strip():
-        return BLANK
-    return key_and_record(line)[0]
-
-
-def _keyed_spans(files: Iterable[tuple[int, str]], stats: ReadStats) -> Iterator[Keyed]:
-    """The lines of the files with their keys, as `Recording` offers them to `in_order`
-    (bad lines counted, blank ones skipped); each item is `(offset, size)`."""
-    match = KEY_RE.match
-    for fi, path in files:
-        with open(path, "rb") as f:
-            for start, n, buf, pos in _spans(f):
-                key = _key(buf, pos, n, match)
-                if key is None:
-                    stats.bad_lines += 1
-                elif key is not BLANK:
-                    yield key, (start, n), n, fi
-
-
 def _where(item: tuple[int, int], direct: bool) -> tuple[int, int, bool]:
     """What the plan keeps of a line `in_order` releases: where it lies, and how."""
     return item[0], item[1], direct
@@ -244,7 +192,7 @@ def _where_sorted(item: tuple[int, int, int], direct: bool) -> tuple[int, int, b
 def _stream(rec: Recording, release: _Cut, window_lines: int, window_bytes: int) -> ReadStats:
     """`Recording.stream_sourced` on keys."""
     stats = ReadStats(bytes_total=rec.stats.bytes_total)
-    lines = _keyed_spans(rec.ordered(), stats)
+    lines = keyed_spans(rec.ordered(), stats)
     for session, (start, n, direct), fi in in_order(
         lines, _where, stats, window_lines, window_bytes
     ):
@@ -255,10 +203,7 @@ def _stream(rec: Recording, release: _Cut, window_lines: int, window_bytes: int)
 def _exact(rec: Recording, release: _Cut) -> ReadStats:
     """`Recording.exact_sourced` on keys: an index of every line, sorted."""
     stats = ReadStats(bytes_total=rec.stats.bytes_total, exact=True)
-    index = [
-        (key[0], key[1], fi, start, n)
-        for key, (start, n), n, fi in _keyed_spans(enumerate(rec.files()), stats)
-    ]
+    index = index_lines(enumerate(rec.files()), stats)
     for session, (start, n, direct), fi in in_order(
         sorted_index(index), _where_sorted, stats, 0, 0
     ):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -29,6 +30,8 @@ __all__ = [
     "Recording",
     "Sourced",
     "in_order",
+    "index_lines",
+    "keyed_spans",
     "read_all",
     "read_sourced",
     "sorted_index",
@@ -308,20 +311,8 @@ class Recording:
         self.stats = ReadStats(bytes_total=self.stats.bytes_total, exact=True)
         bar = self._bar or _Progress(False, 0)
         bar.restart("indexing", self.stats.bytes_total)
-        index: list[tuple[int, int, int, int, int]] = []
-        for fi, inp in enumerate(self._inputs):
-            with open(inp.path, "rb") as f:
-                off = 0
-                for line in f:
-                    n = len(line)
-                    bar.advance(n)
-                    if not _blank(line):
-                        key = line_key(line)
-                        if key is None:
-                            self.stats.bad_lines += 1
-                        else:
-                            index.append((key[0], key[1], fi, off, n))
-                    off += n
+        paths = enumerate(inp.path for inp in self._inputs)
+        index = index_lines(paths, self.stats, bar.advance if bar.shown else None)
         bar.restart("analysing", self.stats.bytes_total)
         files = [open(inp.path, "rb") for inp in self._inputs]
         take = self._take
@@ -414,6 +405,80 @@ def in_order(
             last_key, last_id = (t, rid), rid
             yield session, rec, fi
     stats.sessions = session
+
+
+SPAN_BLOCK = 4 << 20
+"""Bytes read at a time by `_spans` (a key scan keeps no line)."""
+BLANK = (0, -1)
+"""What `_key` says of a blank line (the reader skips those without counting them)."""
+
+
+def _spans(f: IO[bytes]) -> Iterator[tuple[int, int, bytes, int]]:
+    """Each line of a file as the reader splits them (the last maybe without its `\n`):
+    its offset and length, and a block that holds it at a position (no bytes object
+    per line: most lines only have their key matched in place)."""
+    buf = b""
+    pos = base = 0  # base: the file offset of buf[0]
+    while chunk := f.read(SPAN_BLOCK):
+        base += pos
+        buf = buf[pos:] + chunk if pos < len(buf) else chunk
+        pos = 0
+        find = buf.find
+        while (end := find(b"\n", pos)) >= 0:
+            end += 1
+            yield base + pos, end - pos, buf, pos
+            pos = end
+    if pos < len(buf):
+        yield base + pos, len(buf) - pos, buf, pos
+
+
+def _key(
+    buf: bytes, pos: int, n: int, match: Callable[[bytes, int], re.Match[bytes] | None]
+) -> tuple[int, int] | None:
+    """`format.lines.line_key` of the line at `pos`; `BLANK` (by identity) for a blank one."""
+    m = match(buf, pos)
+    if m is not None:
+        v, rid_text, t_text = m.groups()
+        return (int(t_text), int(rid_text)) if v == b"1" else None
+    line = buf[pos : pos + n]
+    if line[:1] != b"{" and not line.strip():
+        return BLANK
+    return key_and_record(line)[0]
+
+
+def keyed_spans(
+    files: Iterable[tuple[int, str]],
+    stats: ReadStats,
+    advance: Callable[[int], None] | None = None,
+) -> Iterator[Keyed]:
+    """The lines of the files with their keys, as `Recording` offers them to `in_order`
+    (bad lines counted, blank ones skipped); each item is `(offset, size)`.  A key
+    scan: lines are matched in place, no bytes object made for most.  `advance` is
+    given each line's size (a progress bar)."""
+    match = KEY_RE.match
+    for fi, path in files:
+        with open(path, "rb") as f:
+            for start, n, buf, pos in _spans(f):
+                if advance is not None:
+                    advance(n)
+                key = _key(buf, pos, n, match)
+                if key is None:
+                    stats.bad_lines += 1
+                elif key is not BLANK:
+                    yield key, (start, n), n, fi
+
+
+def index_lines(
+    files: Iterable[tuple[int, str]],
+    stats: ReadStats,
+    advance: Callable[[int], None] | None = None,
+) -> list[tuple[int, int, int, int, int]]:
+    """Exact mode's index of every line, `(t_start_ms, id, file, offset, size)`, for
+    `sorted_index` (the reader's and the plan's)."""
+    return [
+        (key[0], key[1], fi, start, n)
+        for key, (start, n), n, fi in keyed_spans(files, stats, advance)
+    ]
 
 
 def sorted_index(index: list[tuple[int, int, int, int, int]]) -> Iterator[Keyed]:
