@@ -95,10 +95,8 @@ def _probe(req: dict[str, Any], api: ChatApi) -> Probe | None:
     msgs = digest.get("messages") if isinstance(digest.get("messages"), list) else []
     sys: list[str] = []
     for m in msgs:
-        # Any JSON value may stand for the role of a damaged digest (a list is unhashable).
-        if not isinstance(m, dict) or type(role := m.get("role")) is not str:
-            break
-        if role not in SYSTEM_ROLES:
+        role = m.get("role") if isinstance(m, dict) else None
+        if type(role) is not str or role not in SYSTEM_ROLES:  # a damaged role may be a list
             break
         h = m.get("hash")
         sys.append(h if type(h) is str else "?")
