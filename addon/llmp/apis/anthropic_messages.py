@@ -21,7 +21,6 @@ from llmp.apis.base import (
     is_set,
     last_non_null,
     nonneg,
-    tools_part,
 )
 from llmp.apis.openai_chat import timings_into
 from llmp.format import canonical
@@ -29,10 +28,8 @@ from llmp.format.canonical import dumps
 from llmp.format.measure import SERVER
 from llmp.format.schema import (
     MessageDigest,
-    RequestDigest,
     ResponseDigest,
     ToolCallRef,
-    ToolDigest,
 )
 
 __all__ = [
@@ -165,17 +162,6 @@ def _message_with_text(role: Any, content: Any) -> tuple[MessageDigest, str]:
     return digest, text
 
 
-def _tool_name(tool: Any) -> Any:
-    return tool.get("name") if isinstance(tool, dict) else None
-
-
-def _response_format(body: dict[str, Any]) -> bool:
-    if is_set(body.get("output_format")):
-        return True
-    config = body.get("output_config")
-    return isinstance(config, dict) and is_set(config.get("format"))
-
-
 class AnthropicMessages(ChatApi):
     """`/v1/messages`, or a path ending in it (`/v1/messages/count_tokens` is not chat)."""
 
@@ -187,11 +173,14 @@ class AnthropicMessages(ChatApi):
 
     def messages_with_text(self, body: dict[str, Any]) -> list[tuple[MessageDigest, str]]:
         """The `system` value first (one message per block), then `messages` (R22)."""
-        out = _system_with_text(body)
+        out = self.leading_with_text(body)
         messages = body.get("messages")
         if isinstance(messages, list):
             out.extend(_item_with_text(msg) for msg in messages)
         return out
+
+    def leading_with_text(self, body: dict[str, Any]) -> list[tuple[MessageDigest, str]]:
+        return _system_with_text(body)
 
     def item_digest(self, item: Any) -> MessageDigest:
         return _item_with_text(item)[0]
@@ -200,34 +189,14 @@ class AnthropicMessages(ChatApi):
         """A tool definition (or the tools array) as canonical JSON, without markers."""
         return dumps(strip_cache_control(tool))
 
-    def tools_digest(self, tools: Any) -> tuple[list[ToolDigest], str | None]:
-        return tools_part(self, tools, _tool_name)
+    def max_tokens(self, body: dict[str, Any]) -> int | None:
+        return first_int(body.get("max_tokens"))
 
-    def request_digest(
-        self,
-        body: dict[str, Any],
-        items: list[MessageDigest] | None = None,
-        tools_of: tuple[list[ToolDigest], str | None] | None = None,
-    ) -> RequestDigest:
-        if items is None:
-            messages = [d for d, _ in self.messages_with_text(body)]
-        else:
-            messages = [d for d, _ in _system_with_text(body)] + items
-        stream = body.get("stream")
-        model = body.get("model")
-        tools, tools_hash = self.tools_digest(body.get("tools")) if tools_of is None else tools_of
-        return {
-            "model": model if isinstance(model, str) else None,
-            "params": {
-                "max_tokens": first_int(body.get("max_tokens")),
-                "response_format": _response_format(body),
-                "grammar": False,
-                "stream": stream if isinstance(stream, bool) else False,
-            },
-            "messages": messages,
-            "tools": tools,
-            "tools_hash": tools_hash,
-        }
+    def response_format(self, body: dict[str, Any]) -> bool:
+        if is_set(body.get("output_format")):
+            return True
+        config = body.get("output_config")
+        return isinstance(config, dict) and is_set(config.get("format"))
 
     def merger(self) -> MessagesMerger:
         return MessagesMerger()

@@ -24,6 +24,7 @@ from llmp.format.canonical import EMPTY_HASH, dumps, hash_bytes, hash_text
 from llmp.format.measure import MV, SERVER
 from llmp.format.schema import (
     MessageDigest,
+    Params,
     RequestDigest,
     ResponseDigest,
     StreamKind,
@@ -125,23 +126,72 @@ class ChatApi:
         """Whether a request (its path without the query) belongs to this API."""
         raise NotImplementedError
 
+    stream_default: ClassVar[bool] = False
+    """`params.stream` when the request does not say."""
+
     def request_digest(
         self,
         body: dict[str, Any],
         items: list[MessageDigest] | None = None,
         tools_of: tuple[list[ToolDigest], str | None] | None = None,
     ) -> RequestDigest:
-        """The request digest of a body (an object).
+        """The request digest of a body (an object), in R4's shape for every API.
 
         `items`: the digests of the items of `body[messages_key]`, and
         `tools_of`: `tools_digest` of `body["tools"]`, already taken
         (`request_digest_bytes`); the body need not hold those values then.
+        What differs by API is asked of its hooks: `messages_with_text` (or
+        `leading_with_text` before `items`), `tools_digest` and `params`.
         """
+        if items is None:
+            messages = [d for d, _ in self.messages_with_text(body)]
+        else:
+            messages = [d for d, _ in self.leading_with_text(body)] + items
+        model = body.get("model")
+        tools, tools_hash = self.tools_digest(body.get("tools")) if tools_of is None else tools_of
+        return {
+            "model": model if isinstance(model, str) else None,
+            "params": self.params(body),
+            "messages": messages,
+            "tools": tools,
+            "tools_hash": tools_hash,
+        }
+
+    def leading_with_text(self, body: dict[str, Any]) -> list[tuple[MessageDigest, str]]:
+        """What `messages_with_text` puts before the items of `messages_key`: a system
+        prompt the API keeps in a field of its own (none by default)."""
+        return []
+
+    def params(self, body: dict[str, Any]) -> Params:
+        """The digest's `params`: the API's own fields for each (R4)."""
+        stream = body.get("stream")
+        return {
+            "max_tokens": self.max_tokens(body),
+            "response_format": self.response_format(body),
+            "grammar": self.grammar(body),
+            "stream": stream if isinstance(stream, bool) else self.stream_default,
+        }
+
+    def max_tokens(self, body: dict[str, Any]) -> int | None:
+        """The reply's token limit the request sets, if any."""
         raise NotImplementedError
+
+    def response_format(self, body: dict[str, Any]) -> bool:
+        """Whether the request asks for a structured reply (a JSON schema or format)."""
+        raise NotImplementedError
+
+    def grammar(self, body: dict[str, Any]) -> bool:
+        """Whether the request constrains the reply with a grammar (none by default)."""
+        return False
 
     def tools_digest(self, tools: Any) -> tuple[list[ToolDigest], str | None]:
         """The `tools` digests and `tools_hash` of a body's `tools` value (`tools_part`)."""
-        raise NotImplementedError
+        return tools_part(self, tools, self.tool_name)
+
+    @staticmethod
+    def tool_name(tool: Any) -> Any:
+        """A tool definition's name (`name`; None when it has none)."""
+        return tool.get("name") if isinstance(tool, dict) else None
 
     def item_digest(self, item: Any) -> MessageDigest:
         """The digest of one item of the body's `messages_key` array, any JSON value."""

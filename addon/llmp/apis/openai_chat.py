@@ -25,14 +25,12 @@ from llmp.apis.base import (
     make_tool_digest,
     nonneg,
     string_end,
-    tools_part,
 )
 from llmp.format import canonical
 from llmp.format.canonical import dumps
 from llmp.format.measure import SERVER
 from llmp.format.schema import (
     MessageDigest,
-    RequestDigest,
     ResponseDigest,
     StreamKind,
     ToolCallRef,
@@ -140,15 +138,6 @@ def tool_digest(tool: Any) -> ToolDigest:
     return make_tool_digest(tool_name(tool), dumps(tool))
 
 
-def _response_format(body: dict[str, Any]) -> bool:
-    fmt = body.get("response_format")
-    if is_set(fmt):
-        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-        if kind != "text":
-            return True
-    return is_set(body.get("format"))
-
-
 def reply_message(body: dict[str, Any]) -> dict[str, Any] | None:
     """The reply: `choices[0].message`, or Ollama's `message`."""
     choices = body.get("choices")
@@ -165,8 +154,6 @@ class OpenAIChat(ChatApi):
 
     name = "openai_chat"
     stream: ClassVar[StreamKind] = "sse"
-    stream_default = False
-    """`params.stream` when the request does not say."""
 
     def matches(self, method: str, path: str) -> bool:
         return path in ("/v1/chat/completions", "/chat/completions") or path.endswith(
@@ -180,36 +167,27 @@ class OpenAIChat(ChatApi):
     def item_digest(self, item: Any) -> MessageDigest:
         return message_digest(item)
 
-    def tools_digest(self, tools: Any) -> tuple[list[ToolDigest], str | None]:
-        return tools_part(self, tools, tool_name)
+    tool_name = staticmethod(tool_name)
 
-    def request_digest(
-        self,
-        body: dict[str, Any],
-        items: list[MessageDigest] | None = None,
-        tools_of: tuple[list[ToolDigest], str | None] | None = None,
-    ) -> RequestDigest:
-        stream = body.get("stream")
+    def max_tokens(self, body: dict[str, Any]) -> int | None:
         options = body.get("options")
-        model = body.get("model")
-        tools, tools_hash = self.tools_digest(body.get("tools")) if tools_of is None else tools_of
-        return {
-            "model": model if isinstance(model, str) else None,
-            "params": {
-                "max_tokens": first_int(
-                    body.get("max_tokens"),
-                    body.get("max_completion_tokens"),
-                    body.get("n_predict"),
-                    options.get("num_predict") if isinstance(options, dict) else None,
-                ),
-                "response_format": _response_format(body),
-                "grammar": is_set(body.get("grammar")) or is_set(body.get("json_schema")),
-                "stream": stream if isinstance(stream, bool) else self.stream_default,
-            },
-            "messages": [d for d, _ in self.messages_with_text(body)] if items is None else items,
-            "tools": tools,
-            "tools_hash": tools_hash,
-        }
+        return first_int(
+            body.get("max_tokens"),
+            body.get("max_completion_tokens"),
+            body.get("n_predict"),
+            options.get("num_predict") if isinstance(options, dict) else None,
+        )
+
+    def response_format(self, body: dict[str, Any]) -> bool:
+        fmt = body.get("response_format")
+        if is_set(fmt):
+            kind = fmt.get("type") if isinstance(fmt, dict) else fmt
+            if kind != "text":
+                return True
+        return is_set(body.get("format"))
+
+    def grammar(self, body: dict[str, Any]) -> bool:
+        return is_set(body.get("grammar")) or is_set(body.get("json_schema"))
 
     def merger(self) -> SSEMerger:
         return SSEMerger()

@@ -18,17 +18,15 @@ from llmp.apis.base import (
     first_int,
     is_set,
     nonneg,
-    tools_part,
 )
 from llmp.apis.openai_chat import timings_into
 from llmp.format.canonical import dumps
 from llmp.format.measure import SERVER
 from llmp.format.schema import (
     MessageDigest,
-    RequestDigest,
+    Params,
     ResponseDigest,
     ToolCallRef,
-    ToolDigest,
 )
 
 __all__ = [
@@ -134,13 +132,6 @@ def _tool_name(tool: Any) -> Any:
     return name
 
 
-def _response_format(body: dict[str, Any]) -> bool:
-    text = body.get("text")
-    fmt = text.get("format") if isinstance(text, dict) else None
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    return is_set(kind) and kind != "text"
-
-
 _NOT_COUNTERS = frozenset(("output", "output_text", "instructions", "input", "tools", "prompt"))
 """Top-level fields of a response that are no counters: the reply, and the request echoed."""
 
@@ -157,7 +148,7 @@ class OpenAIResponses(ChatApi):
 
     def messages_with_text(self, body: dict[str, Any]) -> list[tuple[MessageDigest, str]]:
         """`instructions` first (a system message), then each `input` item (R25)."""
-        out = _instructions_with_text(body)
+        out = self.leading_with_text(body)
         inp = body.get("input")
         if isinstance(inp, str):
             out.append(_item_with_text({"role": "user", "content": inp}))
@@ -165,39 +156,28 @@ class OpenAIResponses(ChatApi):
             out.extend(_item_with_text(item) for item in inp)
         return out
 
+    def leading_with_text(self, body: dict[str, Any]) -> list[tuple[MessageDigest, str]]:
+        return _instructions_with_text(body)
+
     def item_digest(self, item: Any) -> MessageDigest:
         return _item_with_text(item)[0]
 
-    def tools_digest(self, tools: Any) -> tuple[list[ToolDigest], str | None]:
-        return tools_part(self, tools, _tool_name)
+    tool_name = staticmethod(_tool_name)
 
-    def request_digest(
-        self,
-        body: dict[str, Any],
-        items: list[MessageDigest] | None = None,
-        tools_of: tuple[list[ToolDigest], str | None] | None = None,
-    ) -> RequestDigest:
-        if items is None:
-            messages = [d for d, _ in self.messages_with_text(body)]
-        else:
-            messages = [d for d, _ in _instructions_with_text(body)] + items
-        stream = body.get("stream")
-        model = body.get("model")
-        tools, tools_hash = self.tools_digest(body.get("tools")) if tools_of is None else tools_of
-        return {
-            "model": model if isinstance(model, str) else None,
-            "params": {
-                "max_tokens": first_int(body.get("max_output_tokens")),
-                "response_format": _response_format(body),
-                "grammar": False,
-                "stream": stream if isinstance(stream, bool) else False,
-                # The server holds the start of this prompt; the request does not.
-                "previous_response": is_set(body.get("previous_response_id")),
-            },
-            "messages": messages,
-            "tools": tools,
-            "tools_hash": tools_hash,
-        }
+    def params(self, body: dict[str, Any]) -> Params:
+        params = super().params(body)
+        # The server holds the start of this prompt; the request does not.
+        params["previous_response"] = is_set(body.get("previous_response_id"))
+        return params
+
+    def max_tokens(self, body: dict[str, Any]) -> int | None:
+        return first_int(body.get("max_output_tokens"))
+
+    def response_format(self, body: dict[str, Any]) -> bool:
+        text = body.get("text")
+        fmt = text.get("format") if isinstance(text, dict) else None
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        return is_set(kind) and kind != "text"
 
     def merger(self) -> ResponsesMerger:
         return ResponsesMerger()
