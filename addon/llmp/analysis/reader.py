@@ -21,7 +21,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from llmp.format.lines import KEY_RE, key_and_record, line_key, parse_line, with_number_text
+from llmp.format.lines import (
+    KEY_RE,
+    is_blank,
+    key_and_record,
+    line_key,
+    matched_key,
+    parse_line,
+    with_number_text,
+)
 
 __all__ = [
     "Keyed",
@@ -103,10 +111,6 @@ class ReadStats:
     sessions: int = 0
     exact: bool = False
     bytes_total: int = 0
-
-
-def _blank(line: bytes) -> bool:
-    return not line.strip()
 
 
 @dataclass(slots=True)
@@ -224,7 +228,7 @@ class Recording:
         for inp in self._inputs:
             with open(inp.path, "rb") as f:
                 for line in f:
-                    if _blank(line):
+                    if is_blank(line):
                         continue
                     inp.first_key = line_key(line)
                     if inp.first_key is not None:
@@ -279,13 +283,13 @@ class Recording:
                         bar.advance(len(line))
                     m = match(line)
                     if m is not None:  # the recorder's way: the key without a parse
-                        v, rid_text, t_text = m.groups()
-                        if v != b"1":
+                        key = matched_key(m)
+                        if key is None:
                             stats.bad_lines += 1
                             continue
-                        yield (int(t_text), int(rid_text)), line, len(line), fi
+                        yield key, line, len(line), fi
                         continue
-                    if line[:1] != b"{" and _blank(line):
+                    if is_blank(line):
                         continue
                     key, parsed = key_and_record(line)
                     if key is None:
@@ -438,10 +442,9 @@ def _key(
     """`format.lines.line_key` of the line at `pos`; `BLANK` (by identity) for a blank one."""
     m = match(buf, pos)
     if m is not None:
-        v, rid_text, t_text = m.groups()
-        return (int(t_text), int(rid_text)) if v == b"1" else None
+        return matched_key(m)
     line = buf[pos : pos + n]
-    if line[:1] != b"{" and not line.strip():
+    if is_blank(line):
         return BLANK
     return key_and_record(line)[0]
 

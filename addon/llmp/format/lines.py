@@ -14,11 +14,31 @@ import orjson
 
 from llmp.format import canonical
 
-__all__ = ["KEY_RE", "key_and_record", "line_key", "parse_line", "valid_key", "with_number_text"]
+__all__ = [
+    "KEY_RE",
+    "is_blank",
+    "key_and_record",
+    "line_key",
+    "matched_key",
+    "parse_line",
+    "valid_key",
+    "with_number_text",
+]
 
 KEY_RE = re.compile(rb'\{"v":(\d+),"id":(\d+),"conn":-?\d+,"t_start_ms":(-?\d+)[,}]')
 """How the recorder starts every line: `v`, `id` and `t_start_ms` without a parse.
 Anything else takes the slow path (`key_and_record`)."""
+
+
+def matched_key(m: re.Match[bytes]) -> tuple[int, int] | None:
+    """The sort key a `KEY_RE` match gives, or None: a `v` other than 1 is a bad line."""
+    v, rid_text, t_text = m.groups()
+    return (int(t_text), int(rid_text)) if v == b"1" else None
+
+
+def is_blank(line: bytes) -> bool:
+    """A line of nothing but whitespace: no record, and no bad line either (skipped)."""
+    return line[:1] != b"{" and not line.strip()
 
 
 def line_key(line: bytes) -> tuple[int, int] | None:
@@ -35,9 +55,7 @@ def key_and_record(line: bytes) -> tuple[tuple[int, int] | None, dict[str, Any] 
     """
     m = KEY_RE.match(line)
     if m is not None:
-        if m.group(1) != b"1":
-            return None, None
-        return (int(m.group(3)), int(m.group(2))), None
+        return matched_key(m), None
     try:
         rec = orjson.loads(line)
     except orjson.JSONDecodeError:
