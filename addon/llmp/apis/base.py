@@ -120,14 +120,13 @@ class ChatApi:
     """How it streams: "sse" or "ndjson"."""
     messages_key: ClassVar[str] = "messages"
     """The body's array of messages, each digested alone (`item_digest`)."""
+    stream_default: ClassVar[bool] = False
+    """`params.stream` when the request does not say."""
     _cache: DigestCache | None = None
 
     def matches(self, method: str, path: str) -> bool:
         """Whether a request (its path without the query) belongs to this API."""
         raise NotImplementedError
-
-    stream_default: ClassVar[bool] = False
-    """`params.stream` when the request does not say."""
 
     def request_digest(
         self,
