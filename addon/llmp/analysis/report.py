@@ -19,7 +19,7 @@ from llmp.analysis.classify import TURN
 from llmp.analysis.exchange import SKIP_REASONS, Exchange, Tools
 from llmp.analysis.findings import ToolStats
 from llmp.analysis.overflow import CONTEXT_OVERFLOW
-from llmp.analysis.rows import Labels, LossByCause, Row, join_block, join_spilled
+from llmp.analysis.rows import Labels, LossByCause, Row, join_block, join_spilled, spill_line
 from llmp.apis.base import FIELDS
 from llmp.format.measure import MV, SERVER, Sum, as_json
 
@@ -49,7 +49,7 @@ class Spill:
 
     def write(self, row: Row) -> None:
         batch = self._batch
-        batch.append(row.spill_line())
+        batch.append(spill_line(row))
         self.count += 1
         if len(batch) >= self.BATCH:
             self._flush()

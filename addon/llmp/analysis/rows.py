@@ -256,6 +256,23 @@ class LossByCause:
         return sorted(self.causes.items())
 
 
+def _spill_line_c(row: Row) -> bytes:
+    line = _rowjson.spill_line(row)
+    return line if line is not None else row.spill_line()
+
+
+try:
+    from llmp.analysis import _rowjson
+except ImportError:  # built without a C compiler: the Python writer, the same bytes
+    _rowjson = None  # type: ignore[assignment]
+
+spill_line = _spill_line_c if _rowjson is not None else Row.spill_line
+"""`Row.spill_line()`'s bytes: from the C writer (`_rowjson.c`, about half the time of
+building and dumping the row's dicts) where it was built, else from `Row.spill_line`.
+The C writer gives the Python writer every row it cannot write itself, so the two
+always agree (tests/analysis/test_rowjson.py)."""
+
+
 def join_spilled(line: bytes, labels: list[bytes]) -> bytes:
     """A spilled row with its client label put back (`labels`: JSON strings by key)."""
     head, marker, tail = line.rstrip(b"\n").split(b"\0")
@@ -300,4 +317,5 @@ __all__ = [
     "join_block",
     "join_spilled",
     "spill_extra",
+    "spill_line",
 ]
