@@ -9,7 +9,6 @@ the C writer itself, or the comparison would only test the fallback.
 
 from __future__ import annotations
 
-import io
 import math
 import sys
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from hypothesis import strategies as st
 from llmp.analysis import analyze, report, rows
 from llmp.analysis.rows import Loss, Row
 from llmp.apis.base import Counts
-from tests.analysis.test_fast_path import TRAFFIC
+from tests.analysis.test_fast_path import TRAFFIC, report_bytes
 from tests.support import scenarios as sc
 
 try:
@@ -229,24 +228,14 @@ def test_a_long_row_grows_the_buffer() -> None:
 # -- whole reports -------------------------------------------------------------
 
 
-def report_bytes(path: Path) -> bytes:
-    result = analyze([str(path)], progress=False)
-    try:
-        out = io.BytesIO()
-        result.write_json(out)
-        return out.getvalue()
-    finally:
-        result.close()
-
-
 @pytest.mark.parametrize("name", sorted(TRAFFIC))
 def test_every_scenario_s_report_is_the_python_writer_s(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = TRAFFIC[name]().write(tmp_path / "rec.jsonl", "digest")
-    with_c = report_bytes(path)
+    with_c = report_bytes([path])
     monkeypatch.setattr(report, "spill_line", Row.spill_line)
-    assert report_bytes(path) == with_c
+    assert report_bytes([path]) == with_c
     kept = analyze([str(path)], progress=False, keep=True)
     try:
         assert kept.engine.kept

@@ -185,27 +185,27 @@ static int put_mv(Buf *b, PyObject *mv) {
 
 /* ------------------------------------------------------------ names */
 
-enum {
-    A_ID, A_API, A_MODEL, A_CLIENT, A_RECORDING, A_DRAFT_N, A_DRAFT_N_ACCEPTED,
-    A_T_START_MS, A_KIND, A_SIDE_CALL_SHAPE, A_SESSION, A_CONVERSATION, A_TURN,
-    A_COUNTS, A_COMPOSITION, A_LINKED_TO, A_NEW_CONVERSATION, A_PREFIX_TOKENS,
-    A_BREAK_CAUSE, A_COMPACTION, A_PREDICTED_REUSE, A_OBSERVED_REUSE, A_CAUSE,
-    A_LOST_CLIENT, A_LOST_EXTERNAL, A_SIDE_CALLS_BETWEEN, A_OTHER_CONVERSATIONS_BETWEEN,
-    A_OTHER_DOMAINS_BETWEEN, A_LOSS_MEASURED, A_CHANGED,
-    A_PROMPT_TOKENS, A_COMPLETION_TOKENS, A_REUSED_TOKENS, A_EVALUATED_TOKENS,
-    A_PREFILL_MS, A_DECODE_MS, A_LOAD_MS, A_TOKENS, A_MS,
-    N_NAMES
-};
+/* Each field's name, written once: the enum of indices, the names' text and the
+   fields each class is read for all come from these lists. */
+#define ROW_NAMES(X) \
+    X(id) X(api) X(model) X(client) X(recording) X(draft_n) X(draft_n_accepted) \
+    X(t_start_ms) X(kind) X(side_call_shape) X(session) X(conversation) X(turn) X(counts) \
+    X(composition) X(linked_to) X(new_conversation) X(prefix_tokens) X(break_cause) \
+    X(compaction) X(predicted_reuse) X(observed_reuse) X(cause) X(lost_client) \
+    X(lost_external) X(side_calls_between) X(other_conversations_between) \
+    X(other_domains_between) X(loss_measured) X(changed)
+#define COUNTS_NAMES(X) \
+    X(prompt_tokens) X(completion_tokens) X(reused_tokens) X(evaluated_tokens) X(prefill_ms) \
+    X(decode_ms) X(load_ms)
+#define LOSS_ONLY_NAMES(X) X(tokens) X(ms) /* a Loss also has `cause`, a Row field */
+
+#define AS_ENUM(n) A_##n,
+#define AS_TEXT(n) #n,
+
+enum { ROW_NAMES(AS_ENUM) COUNTS_NAMES(AS_ENUM) LOSS_ONLY_NAMES(AS_ENUM) N_NAMES };
 
 static const char *const NAME_TEXT[N_NAMES] = {
-    "id", "api", "model", "client", "recording", "draft_n", "draft_n_accepted",
-    "t_start_ms", "kind", "side_call_shape", "session", "conversation", "turn",
-    "counts", "composition", "linked_to", "new_conversation", "prefix_tokens",
-    "break_cause", "compaction", "predicted_reuse", "observed_reuse", "cause",
-    "lost_client", "lost_external", "side_calls_between", "other_conversations_between",
-    "other_domains_between", "loss_measured", "changed",
-    "prompt_tokens", "completion_tokens", "reused_tokens", "evaluated_tokens",
-    "prefill_ms", "decode_ms", "load_ms", "tokens", "ms",
+    ROW_NAMES(AS_TEXT) COUNTS_NAMES(AS_TEXT) LOSS_ONLY_NAMES(AS_TEXT)
 };
 
 static PyObject *NAME[N_NAMES];
@@ -227,17 +227,9 @@ typedef struct {
     Py_ssize_t offset[N_NAMES]; /* by name */
 } Layout;
 
-static const int ROW_FIELDS[] = {
-    A_ID, A_API, A_MODEL, A_CLIENT, A_RECORDING, A_DRAFT_N, A_DRAFT_N_ACCEPTED,
-    A_T_START_MS, A_KIND, A_SIDE_CALL_SHAPE, A_SESSION, A_CONVERSATION, A_TURN,
-    A_COUNTS, A_COMPOSITION, A_LINKED_TO, A_NEW_CONVERSATION, A_PREFIX_TOKENS,
-    A_BREAK_CAUSE, A_COMPACTION, A_PREDICTED_REUSE, A_OBSERVED_REUSE, A_CAUSE,
-    A_LOST_CLIENT, A_LOST_EXTERNAL, A_SIDE_CALLS_BETWEEN, A_OTHER_CONVERSATIONS_BETWEEN,
-    A_OTHER_DOMAINS_BETWEEN, A_LOSS_MEASURED, A_CHANGED,
-};
-static const int COUNTS_FIELDS[] = {A_PROMPT_TOKENS, A_COMPLETION_TOKENS, A_REUSED_TOKENS,
-                                    A_EVALUATED_TOKENS, A_PREFILL_MS, A_DECODE_MS, A_LOAD_MS};
-static const int LOSS_FIELDS[] = {A_CAUSE, A_TOKENS, A_MS};
+static const int ROW_FIELDS[] = {ROW_NAMES(AS_ENUM)};
+static const int COUNTS_FIELDS[] = {COUNTS_NAMES(AS_ENUM)};
+static const int LOSS_FIELDS[] = {A_cause, LOSS_ONLY_NAMES(AS_ENUM)};
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -343,11 +335,11 @@ static int put_loss(Buf *b, PyObject *row, int name) {
     if (loss == NULL) return r;
     if (loss == Py_None) {
         r = PUT_LIT(b, "null");
-    } else if ((r = PUT_LIT(b, "{\"cause\":")) == OK && (r = put_attr(b, loss, &LOSS, A_CAUSE)) == OK
+    } else if ((r = PUT_LIT(b, "{\"cause\":")) == OK && (r = put_attr(b, loss, &LOSS, A_cause)) == OK
                && (r = PUT_LIT(b, ",\"tokens\":")) == OK
-               && (r = put_attr(b, loss, &LOSS, A_TOKENS)) == OK
+               && (r = put_attr(b, loss, &LOSS, A_tokens)) == OK
                && (r = PUT_LIT(b, ",\"ms\":")) == OK
-               && (r = put_mv_attr(b, loss, &LOSS, A_MS)) == OK) {
+               && (r = put_mv_attr(b, loss, &LOSS, A_ms)) == OK) {
         r = PUT_LIT(b, "}");
     }
     Py_DECREF(loss);
@@ -360,11 +352,11 @@ static int put_counts(Buf *b, PyObject *row) {
         ",\"evaluated_tokens\":", ",\"prefill_ms\":", ",\"decode_ms\":", ",\"load_ms\":",
     };
     int r = OK;
-    PyObject *c = field(row, &ROW, A_COUNTS, &r);
+    PyObject *c = field(row, &ROW, A_counts, &r);
     if (c == NULL) return r;
     for (int i = 0; i < 7 && r == OK; i++) {
         if ((r = put(b, keys[i], (Py_ssize_t)strlen(keys[i]))) == OK)
-            r = put_mv_attr(b, c, &COUNTS, A_PROMPT_TOKENS + i);
+            r = put_mv_attr(b, c, &COUNTS, A_prompt_tokens + i);
     }
     Py_DECREF(c);
     return r == OK ? PUT_LIT(b, "}") : r;
@@ -375,7 +367,7 @@ static int put_composition(Buf *b, PyObject *row) {
         "{\"system\":", ",\"tools\":", ",\"history\":", ",\"new_content\":",
     };
     int r = OK;
-    PyObject *comp = field(row, &ROW, A_COMPOSITION, &r);
+    PyObject *comp = field(row, &ROW, A_composition, &r);
     if (comp == NULL) return r;
     if (!PyTuple_CheckExact(comp) || PyTuple_GET_SIZE(comp) < 4) r = FALLBACK;
     for (int i = 0; i < 4 && r == OK; i++) {
@@ -388,12 +380,12 @@ static int put_composition(Buf *b, PyObject *row) {
 }
 
 /* Fields after `composition`, each `"name":value`, in the report's order. */
-static const int PLAIN_TAIL[] = {A_LINKED_TO, A_NEW_CONVERSATION, A_PREFIX_TOKENS, A_BREAK_CAUSE,
-                                 A_COMPACTION, A_PREDICTED_REUSE, A_OBSERVED_REUSE, A_CAUSE};
-static const int LIST_TAIL[] = {A_SIDE_CALLS_BETWEEN, A_OTHER_CONVERSATIONS_BETWEEN,
-                                A_OTHER_DOMAINS_BETWEEN, A_LOSS_MEASURED, A_CHANGED};
-static const int HEAD_TAIL[] = {A_T_START_MS, A_KIND, A_SIDE_CALL_SHAPE, A_SESSION,
-                                A_CONVERSATION, A_TURN};
+static const int PLAIN_TAIL[] = {A_linked_to, A_new_conversation, A_prefix_tokens, A_break_cause,
+                                 A_compaction, A_predicted_reuse, A_observed_reuse, A_cause};
+static const int LIST_TAIL[] = {A_side_calls_between, A_other_conversations_between,
+                                A_other_domains_between, A_loss_measured, A_changed};
+static const int HEAD_TAIL[] = {A_t_start_ms, A_kind, A_side_call_shape, A_session,
+                                A_conversation, A_turn};
 
 static int put_key(Buf *b, int name) {
     const char *s = NAME_TEXT[name];
@@ -421,19 +413,19 @@ static int put_fields(Buf *b, PyObject *row, const int *names, size_t count) {
 static int write_row(Buf *b, PyObject *row) {
     int r;
     if ((r = PUT_LIT(b, "{\"id\":")) != OK) return r;
-    if ((r = put_marker_int(b, row, A_ID, 0)) != OK) return r;
+    if ((r = put_marker_int(b, row, A_id, 0)) != OK) return r;
     if ((r = PUT_LIT(b, ",\"api\":")) != OK) return r;
-    if ((r = put_head_str(b, row, A_API)) != OK) return r;
+    if ((r = put_head_str(b, row, A_api)) != OK) return r;
     if ((r = PUT_LIT(b, ",\"model\":")) != OK) return r;
-    if ((r = put_head_str(b, row, A_MODEL)) != OK) return r;
+    if ((r = put_head_str(b, row, A_model)) != OK) return r;
     if ((r = PUT_LIT(b, ",\"client\":\0")) != OK) return r;
-    if ((r = put_marker_int(b, row, A_CLIENT, 0)) != OK) return r;
+    if ((r = put_marker_int(b, row, A_client, 0)) != OK) return r;
     if ((r = PUT_LIT(b, ",")) != OK) return r;
-    if ((r = put_marker_int(b, row, A_RECORDING, 0)) != OK) return r;
+    if ((r = put_marker_int(b, row, A_recording, 0)) != OK) return r;
     if ((r = PUT_LIT(b, ",")) != OK) return r;
-    if ((r = put_marker_int(b, row, A_DRAFT_N, 1)) != OK) return r;
+    if ((r = put_marker_int(b, row, A_draft_n, 1)) != OK) return r;
     if ((r = PUT_LIT(b, ",")) != OK) return r;
-    if ((r = put_marker_int(b, row, A_DRAFT_N_ACCEPTED, 1)) != OK) return r;
+    if ((r = put_marker_int(b, row, A_draft_n_accepted, 1)) != OK) return r;
     if ((r = PUT_LIT(b, "\0")) != OK) return r;
     /* The rest is `orjson.dumps(row.tail())` without its opening brace. */
     if ((r = put_fields(b, row, HEAD_TAIL, COUNT(HEAD_TAIL))) != OK) return r;
@@ -443,9 +435,9 @@ static int write_row(Buf *b, PyObject *row) {
     if ((r = put_composition(b, row)) != OK) return r;
     if ((r = put_fields(b, row, PLAIN_TAIL, COUNT(PLAIN_TAIL))) != OK) return r;
     if ((r = PUT_LIT(b, ",\"lost_client\":")) != OK) return r;
-    if ((r = put_loss(b, row, A_LOST_CLIENT)) != OK) return r;
+    if ((r = put_loss(b, row, A_lost_client)) != OK) return r;
     if ((r = PUT_LIT(b, ",\"lost_external\":")) != OK) return r;
-    if ((r = put_loss(b, row, A_LOST_EXTERNAL)) != OK) return r;
+    if ((r = put_loss(b, row, A_lost_external)) != OK) return r;
     if ((r = put_fields(b, row, LIST_TAIL, COUNT(LIST_TAIL))) != OK) return r;
     return PUT_LIT(b, "}\n");
 }
