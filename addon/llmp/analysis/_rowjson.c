@@ -22,7 +22,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 /* ------------------------------------------------------------ the buffer */
@@ -168,7 +167,6 @@ static int put_value(Buf *b, PyObject *v, int depth) {
     if (PyList_CheckExact(v)) return put_list(b, v, depth);
     return put_delegated(b, v);
 }
-
 
 /* A measured value: `(value, source)` as {"value":…,"source":…}, or null. */
 static int put_mv(Buf *b, PyObject *mv) {
