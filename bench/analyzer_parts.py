@@ -30,31 +30,57 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import CodeType
 
-STUBS = ("between", "findings", "overflow", "totals", "offer", "spill")
+
+def _stub_between() -> None:
+    from llmp.analysis import engine, loss
+
+    nothing = loss.NOTHING_BETWEEN
+    engine.between = lambda *a: nothing
 
 
-def _stub(part: str) -> None:
-    """Replace one part of the engine's work by a stub that does nothing."""
-    from llmp.analysis import engine, findings, loss, overflow, report
+def _stub_findings() -> None:
+    from llmp.analysis.findings import Findings
 
-    if part == "between":
-        nothing = loss.NOTHING_BETWEEN
-        engine.between = lambda *a: nothing
-    elif part == "findings":
-        findings.Findings.add = lambda self, *a: None  # type: ignore[method-assign]
-    elif part == "overflow":
-        overflow.Overflow.row = lambda self, *a: False  # type: ignore[method-assign]
-    elif part == "totals":
-        report.Totals.add = lambda self, *a: None  # type: ignore[method-assign]
-    elif part == "offer":
-        report.Totals.offer = lambda self, *a: None  # type: ignore[method-assign]
-    elif part == "spill":
-        report.Spill.write = lambda self, *a: None  # type: ignore[method-assign]
-    elif part != "none":
-        raise SystemExit(f"unknown part {part!r}: one of {', '.join(STUBS)}")
+    Findings.add = lambda self, *a: None  # type: ignore[method-assign]
+
+
+def _stub_overflow() -> None:
+    from llmp.analysis.overflow import Overflow
+
+    Overflow.row = lambda self, *a: False  # type: ignore[method-assign]
+
+
+def _stub_totals() -> None:
+    from llmp.analysis.report import Totals
+
+    Totals.add = lambda self, *a: None  # type: ignore[method-assign]
+
+
+def _stub_offer() -> None:
+    from llmp.analysis.report import Totals
+
+    Totals.offer = lambda self, *a: None  # type: ignore[method-assign]
+
+
+def _stub_spill() -> None:
+    from llmp.analysis.report import Spill
+
+    Spill.write = lambda self, *a: None  # type: ignore[method-assign]
+
+
+STUBS: dict[str, Callable[[], None]] = {
+    "between": _stub_between,
+    "findings": _stub_findings,
+    "overflow": _stub_overflow,
+    "totals": _stub_totals,
+    "offer": _stub_offer,
+    "spill": _stub_spill,
+}
+"""Each part of the engine's work, and what replaces it by a stub that does nothing."""
 
 
 def _lines(path: Path, n: int) -> list[bytes]:
@@ -72,7 +98,8 @@ def child(path: Path, n: int, part: str) -> None:
     from llmp.analysis.engine import Engine
     from llmp.analysis.exchange import read_record
 
-    _stub(part)
+    if part != "none":
+        STUBS[part]()
     records = [r for r in map(read_record, _lines(path, n)) if r is not None]
     engine = Engine(summaries=False)  # as `llmp analyze --json` makes it
     gc.disable()  # as `analyze` reads
@@ -122,7 +149,12 @@ def bytecodes(path: Path, n: int, warm: int, top: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("file", type=Path, help="a digest recording")
-    ap.add_argument("--records", type=int, default=8000, help="lines read (default 8000)")
+    ap.add_argument(
+        "--records",
+        type=int,
+        default=8000,
+        help="lines timed (default 8000; --bytecodes: at most 2000, after 3000 more)",
+    )
     ap.add_argument("--parts", default=",".join(STUBS), help="parts to stub, one at a time")
     ap.add_argument("--rounds", type=int, default=3, help="alternated rounds (default 3)")
     ap.add_argument("--bytecodes", action="store_true", help="bytecodes per function")
@@ -135,10 +167,11 @@ def main() -> None:
     if args.bytecodes:
         bytecodes(args.file, min(2000, args.records), 3000, args.top)
         return
-    parts = ["none", *(p for p in args.parts.split(",") if p)]
+    parts = [p for p in args.parts.split(",") if p]
     for p in parts:  # every name checked before the first run
-        if p not in ("none", *STUBS):
+        if p not in STUBS:
             raise SystemExit(f"unknown part {p!r}: one of {', '.join(STUBS)}")
+    parts.insert(0, "none")
     samples: dict[str, list[float]] = {p: [] for p in parts}
 
     def run(part: str) -> float:
