@@ -19,6 +19,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import IO, Any
 
 from llmp.format.lines import (
@@ -30,6 +31,11 @@ from llmp.format.lines import (
     parse_line,
     with_number_text,
 )
+
+try:
+    from llmp.analysis._keyedlines import KeyedLines
+except ImportError:  # not built: `_file_lines` and `keyed` give the same items
+    KeyedLines = None  # type: ignore[assignment, misc]
 
 __all__ = [
     "Keyed",
@@ -272,30 +278,39 @@ class Recording:
 
         The item is the line, or `(line, parsed)` when finding its key took a parse
         (another producer's key order): `_take` keeps that parse for a line that
-        leaves the window at once."""
+        leaves the window at once.  `_keyedlines.KeyedLines` (C) splits the lines
+        and reads the recorder's plainest keys; every other line goes to `keyed`."""
         match = KEY_RE.match
         stats = self.stats
-        shown = bar.shown  # without a bar, nothing to advance for every line
+        advance = bar.advance if bar.shown else None
+
+        def keyed(line: bytes, fi: int) -> Keyed | None:
+            m = match(line)
+            if m is not None:  # the recorder's way: the key without a parse
+                key = matched_key(m)
+                if key is None:
+                    stats.bad_lines += 1
+                    return None
+                return key, line, len(line), fi
+            if is_blank(line):
+                return None
+            key, parsed = key_and_record(line)
+            if key is None:
+                stats.bad_lines += 1
+                return None
+            return key, (line, parsed), len(line), fi
+
         for fi, inp in self._ordered_inputs():
             with open(inp.path, "rb", buffering=0) as f:
+                if KeyedLines is not None:
+                    yield from KeyedLines(f.read, BLOCK, fi, partial(keyed, fi=fi), advance)
+                    continue
                 for line in _file_lines(f):
-                    if shown:
-                        bar.advance(len(line))
-                    m = match(line)
-                    if m is not None:  # the recorder's way: the key without a parse
-                        key = matched_key(m)
-                        if key is None:
-                            stats.bad_lines += 1
-                            continue
-                        yield key, line, len(line), fi
-                        continue
-                    if is_blank(line):
-                        continue
-                    key, parsed = key_and_record(line)
-                    if key is None:
-                        stats.bad_lines += 1
-                        continue
-                    yield key, (line, parsed), len(line), fi
+                    if advance is not None:
+                        advance(len(line))
+                    item = keyed(line, fi)
+                    if item is not None:
+                        yield item
 
     def _take(self, item: bytes | tuple[bytes, Any], direct: bool) -> Any:
         """The record a line becomes (`read`), or None for a bad line (counted)."""
