@@ -16,9 +16,10 @@ import orjson
 import pytest
 
 from llmp.analysis import analyze
+from llmp.analysis.causes import WORDS as CAUSE_WORDS
 from llmp.analysis.changes import MAX_CHANGES
 from llmp.analysis.html import CAUSES, MAX_BARS, is_break, write_html
-from llmp.analysis.render import CAUSE_WORDS, sentence
+from llmp.analysis.render import sentence
 from llmp.cli import main
 from tests.support import scenarios as sc
 from tests.support.scenarios import (

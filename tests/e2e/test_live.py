@@ -23,7 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from llmp.analysis.render import CAUSE_WORDS, duration
+from llmp.analysis.causes import WORDS as CAUSE_WORDS
+from llmp.analysis.render import duration
 from llmp.live import contract as live
 from llmp.live.contract import SUMMARY_TAG, TURN_FIELDS, TURN_TAG
 from llmp.recorder.addon import Recorder

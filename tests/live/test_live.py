@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import pytest
 
-from llmp.analysis.render import CAUSE_WORDS
+from llmp.analysis.causes import WORDS as CAUSE_WORDS
 from llmp.analysis.rows import Loss, Row
 from llmp.apis.base import Counts
 from llmp.live.contract import TURN_FIELDS, LiveConfig, LiveError

@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llmp.analysis import advice
-from llmp.analysis.classify import SIDE_CALL, STATELESS, TURN
-from llmp.analysis.loss import (
+from llmp.analysis.causes import (
     OTHER_CONVERSATION,
     OTHER_MODEL,
+    SERVER_CAUSES,
     SERVER_EMPTY,
     SERVER_HEAD_ONLY,
-    SERVER_KINDS,
-    Between,
 )
+from llmp.analysis.classify import SIDE_CALL, STATELESS, TURN
+from llmp.analysis.loss import Between
 from llmp.analysis.overflow import CONTEXT_OVERFLOW, Overflow, Refusal
 from llmp.format.measure import ESTIMATE, MV, Sum, as_json
 
@@ -252,7 +252,7 @@ class Findings:
         kinds = bool(btw.side_calls) + bool(btw.other_conversations) + bool(btw.other_domains)
         if ext is not None:
             cause = ext.cause
-            if cause in SERVER_KINDS:
+            if cause in SERVER_CAUSES:
                 # A prompt the server cut lost its cache to the cut, not to
                 # the server: context_overflow names it.
                 if not btw.skipped and not cut:

@@ -9,6 +9,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from llmp.analysis.causes import (
+    HISTORY_REWRITTEN,
+    OTHER_CONVERSATION,
+    OTHER_MODEL,
+    SERVER_EMPTY,
+    SERVER_HEAD_ONLY,
+    SERVER_ROLLBACK,
+    SYSTEM_CHANGED,
+    TOOLS_CHANGED,
+)
 from llmp.analysis.classify import SIDE_CALL, STATELESS
 from llmp.analysis.linking import (
     CONTINUATION,
@@ -41,20 +51,10 @@ if TYPE_CHECKING:
     from llmp.analysis.exchange import Exchange
     from llmp.apis.base import Counts
 
-SYSTEM_CHANGED = "system_changed"
-TOOLS_CHANGED = "tools_changed"
-HISTORY_REWRITTEN = "history_rewritten"
-
+# A row's cause when its client's change cost more than anything else (`Verdict.cause`).
 STRUCTURAL = "structural"
-OTHER_CONVERSATION = "other_conversation"
-OTHER_MODEL = "other_model"
 SERVER_RESET = "server_reset"
 UNDETERMINED = "undetermined"
-SERVER_EMPTY = "server_empty"
-SERVER_HEAD_ONLY = "server_head_only"
-SERVER_ROLLBACK = "server_rollback"
-
-CLIENT_CAUSES = (TOOLS_CHANGED, SYSTEM_CHANGED, HISTORY_REWRITTEN)
 
 # Where a changed message changed (`Structure.changed`).
 FIRST_256 = "first_256"
@@ -69,8 +69,6 @@ ESTIMATED_TOOLS_SHARE = 0.2
 CONTEXT_BEFORE = 24
 CONTEXT_AFTER = 40
 """Characters of `context` around a change, full mode only."""
-EXTERNAL_CAUSES = (SIDE_CALL, OTHER_CONVERSATION, OTHER_MODEL)
-SERVER_KINDS = (SERVER_EMPTY, SERVER_HEAD_ONLY, SERVER_ROLLBACK)
 
 
 class Structure:

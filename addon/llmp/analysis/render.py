@@ -14,19 +14,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from llmp.analysis import causes
 from llmp.analysis.report import ConversationSummary
-
-CAUSE_WORDS = {
-    "system_changed": "system prompt changed",
-    "tools_changed": "tool definitions changed",
-    "history_rewritten": "earlier messages rewritten",
-    "side_call": "side-calls evicted the cache",
-    "other_conversation": "other conversations evicted the cache",
-    "other_model": "another model ran in between",
-    "server_empty": "server lost its whole cache",
-    "server_head_only": "server kept only the head",
-    "server_rollback": "server re-processed the tail",
-}
 
 SHAPE_WORDS = {
     "oneshot": "one-off (title, commit message)",
@@ -114,6 +103,14 @@ def _advised(ev: dict[str, Any], fallback: str) -> str:
     return f"{who}{tip['text']}{sure}"
 
 
+def _memory_note(ev: dict[str, Any]) -> str:
+    """What the traffic shows of the model's memory (a `server_cache_loss` finding's)."""
+    memory = ev.get("memory")
+    if not isinstance(memory, dict) or not memory.get("text"):
+        return ""
+    return f" {memory['text']}"
+
+
 def sentence(f: dict[str, Any]) -> tuple[str, str]:
     """One finding as (what happened, what would fix it)."""
     kind = f["kind"]
@@ -125,26 +122,13 @@ def sentence(f: dict[str, Any]) -> tuple[str, str]:
         return (
             f"{join_names(ev.get('clients', []))}'s {shapes} side-calls ran on {model}, the model "
             f"serving the conversation, and evicted the cache {_times(n)}: {_lost(f)}.",
-            _advised(
-                ev,
-                "Give side-calls their own slot (llama-server -np 2 with a larger -c) or their "
-                "own model on another server.",
-            ),
+            _advised(ev, causes.BY_NAME[causes.SIDE_CALL].fix),
         )
     if kind == "prefix_break":
-        what = {
-            "system_changed": "changed its system prompt",
-            "tools_changed": "changed its tool definitions",
-            "history_rewritten": "rewrote earlier messages",
-        }.get(ev.get("break_cause"), "broke its prompt prefix")
-        fix = {
-            "system_changed": "Keep the system prompt byte-identical between turns: move dates, "
-            "times, directory listings and other changing text into the newest message.",
-            "tools_changed": "Send the same tools, in the same order and with the same "
-            "descriptions, on every turn.",
-            "history_rewritten": "Only append to the history: do not edit, reorder or drop "
-            "earlier messages; if the context must shrink, compact rarely and in big steps.",
-        }.get(ev.get("break_cause"), "Keep the start of the prompt stable.")
+        cause = causes.BY_NAME.get(str(ev.get("break_cause")))
+        known = cause is not None and cause.group == causes.CLIENT
+        what = cause.did if cause is not None and known else "broke its prompt prefix"
+        fix = cause.fix if cause is not None and known else "Keep the start of the prompt stable."
         share = ev.get("share")
         pct = f" ({share:.0%})" if isinstance(share, (int, float)) else ""
         where = where_text(ev.get("changed"))
@@ -169,43 +153,25 @@ def sentence(f: dict[str, Any]) -> tuple[str, str]:
             ),
         )
     if kind == "server_cache_loss":
-        sub = ev.get("kind")
-        if sub == "server_empty":
-            return (
-                f"{model} lost its whole cache {_times(n)} with nothing else running in between: "
-                f"{_lost(f)}.",
-                "Look for server restarts, the model being unloaded when idle (Ollama's "
-                "keep_alive, 5 min by default), or requests landing on another slot "
-                "(llama-server -np > 1).",
-            )
-        if sub == "server_head_only":
-            return (
-                f"{model} kept only the start of the prompt {_times(n)}: {_lost(f)}.",
-                "The server restored only a shared head (a system prompt from another slot or "
-                "a prompt cache): give each agent its own slot and enough --cache-ram.",
-            )
-        return (
-            f"{model} re-processed the end of the cached prompt {_times(n)}: {_lost(f)}.",
-            "On SWA or hybrid models llama-server restores from checkpoints (try --swa-full or "
-            "more --ctx-checkpoints); a chat template that re-renders earlier turns, for example "
-            "by dropping reasoning, does the same.",
-        )
+        sub = causes.BY_NAME.get(str(ev.get("kind")))
+        if sub is None or sub.group != causes.SERVER:
+            sub = causes.BY_NAME[causes.SERVER_ROLLBACK]
+        story = sub.story.format(model=model, times=_times(n), lost=_lost(f))
+        return (story + _memory_note(ev), _advised(ev, sub.fix))
     if kind == "other_conversation_eviction":
         k = ev.get("other_conversations", 0)
         who = join_names(ev.get("clients", []))
         return (
             f"{k} other conversation{'s' if k != 1 else ''} ({who}) ran "
             f"on {model} between turns and evicted the cache {_times(n)}: {_lost(f)}.",
-            "Give each agent its own slot (llama-server -np N with -c large enough for N "
-            "contexts), or run them one at a time.",
+            causes.BY_NAME[causes.OTHER_CONVERSATION].fix,
         )
     if kind == "other_model_eviction":
         return (
             f"Requests to {join_names([short_model(m) for m in ev.get('other_models', [])])} ran "
             f"between turns on {model}, and "
             f"its cache was gone {_times(n)}: {_lost(f)}.",
-            "Keep both models loaded (OLLAMA_MAX_LOADED_MODELS, llama-swap groups), or serve "
-            "each model from its own server.",
+            causes.BY_NAME[causes.OTHER_MODEL].fix,
         )
     if kind == "unused_tool":
         return (
@@ -436,15 +402,15 @@ def render(
         table.add_column("tokens", justify="right")
         table.add_column("time", justify="right")
         table.add_column("% of prefill", justify="right")
-        causes = sorted(
+        ranked = sorted(
             t["by_cause"].items(),
             key=lambda kv: -(_value(kv[1]["ms"]) or 0) - kv[1]["tokens"] / 1e9,
         )
-        for cause, c in causes:
+        for cause, c in ranked:
             ms = _value(c["ms"])
             pct = f"{ms / prefill:.1%}" if ms is not None and prefill else "-"
             table.add_row(
-                CAUSE_WORDS.get(cause, cause), str(c["rows"]), f"{c['tokens']:,}", duration(ms), pct
+                causes.words(cause), str(c["rows"]), f"{c['tokens']:,}", duration(ms), pct
             )
         console.print(table)
         cut = [

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from llmp.analysis.causes import words
 from llmp.analysis.classify import SIDE_CALL, STATELESS, TURN
 from llmp.analysis.loss import STRUCTURAL, UNDETERMINED, Between
-from llmp.analysis.render import CAUSE_WORDS, SHAPE_WORDS, duration, join_names, short_model
+from llmp.analysis.render import SHAPE_WORDS, duration, join_names, short_model
 from llmp.analysis.rows import Loss, Row
 from llmp.format.measure import MV, clean, weakest
 from llmp.live.contract import VERSION
@@ -64,9 +65,9 @@ def cause_text(row: Row, btw: Between | None, label: Callable[[int], str]) -> st
         first, second = second, None
     if first is None:
         return None
-    text = CAUSE_WORDS.get(first.cause, first.cause)
+    text = words(first.cause)
     if second is not None:
-        text += f", and {CAUSE_WORDS.get(second.cause, second.cause)}"
+        text += f", and {words(second.cause)}"
     if row.cause == UNDETERMINED:
         text += " (or a failed chat request in between evicted it)"
     ran = between_text(row, btw, label)

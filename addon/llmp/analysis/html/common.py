@@ -7,20 +7,11 @@ import html
 import math
 from typing import Any
 
+from llmp.analysis.causes import BY_NAME, COLOURS
 from llmp.analysis.changes import broke
-from llmp.analysis.render import CAUSE_WORDS
 
-CAUSES: dict[str, str] = {
-    "system_changed": "#D55E00",
-    "tools_changed": "#E69F00",
-    "history_rewritten": "#CC79A7",
-    "side_call": "#0072B2",
-    "other_conversation": "#56B4E9",
-    "other_model": "#009E73",
-    "server_empty": "#882255",
-    "server_head_only": "#F0E442",
-    "server_rollback": "#332288",
-}
+CAUSES: dict[str, str] = COLOURS
+"""Each cause's colour (`causes.CAUSES` holds them)."""
 _UNKNOWN_CAUSE = "other"
 _UNKNOWN_COLOUR = "#9A9A9A"
 
@@ -76,7 +67,8 @@ def _cause_key(cause: Any) -> str:
 
 def _cause_words(cause: Any) -> str:
     if isinstance(cause, str):
-        return CAUSE_WORDS.get(cause, cause.replace("_", " "))
+        known = BY_NAME.get(cause)
+        return known.words if known is not None else cause.replace("_", " ")
     return "unknown cause"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from importlib import resources
 
+from llmp.analysis.causes import CAUSES as CAUSE_TABLE
 from llmp.analysis.html.common import (
     _UNKNOWN_CAUSE,
     _UNKNOWN_COLOUR,
@@ -22,11 +23,10 @@ def _cause_css() -> str:
         lines.append(f"svg .f-{cause} {{ fill: {colour}; }}")
         lines.append(f".b-{cause} {{ background: {colour}; }}")
         lines.append(f".tri.t-{cause} {{ border-top-color: {colour}; }}")
-    # Chip text: white on the three dark colours, near-black on the others
+    # Chip text: white on the dark colours (`Cause.light_text`), near-black on the others
     # (each pair has a WCAG contrast of at least 4.5).
-    lines.append(
-        ".chip.b-side_call, .chip.b-server_empty, .chip.b-server_rollback { color: #fff; }"
-    )
+    light = ", ".join(f".chip.b-{c.name}" for c in CAUSE_TABLE if c.light_text)
+    lines.append(f"{light} {{ color: #fff; }}")
     return "\n".join(lines)
 
 

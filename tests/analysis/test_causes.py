@@ -1,0 +1,92 @@
+"""Every loss cause is complete in the one table that describes it (analysis/causes.py)."""
+
+from __future__ import annotations
+
+import re
+
+from llmp.analysis import causes, loss
+from llmp.analysis.classify import SIDE_CALL
+from llmp.analysis.html.common import CAUSES as HTML_COLOURS
+from llmp.analysis.html.page import _cause_css
+from llmp.analysis.render import sentence
+
+HEX = re.compile(r"#[0-9A-Fa-f]{6}")
+
+
+def _luminance(hex_colour: str) -> float:
+    def channel(c: int) -> float:
+        s = c / 255
+        return s / 12.92 if s <= 0.04045 else ((s + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+    return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
+
+
+def test_every_cause_has_every_field() -> None:
+    names = [c.name for c in causes.CAUSES]
+    assert len(names) == len(set(names))
+    for c in causes.CAUSES:
+        assert c.group in causes.GROUPS, c
+        assert c.words and c.fix.endswith("."), c
+        assert HEX.fullmatch(c.colour), c
+        if c.group == causes.CLIENT:
+            assert c.did, c  # the prefix_break sentence says what the harness did
+        if c.group == causes.SERVER:
+            assert set(re.findall(r"{(\w+)}", c.story)) == {"model", "times", "lost"}, c
+
+
+def test_chip_text_is_readable_on_every_colour() -> None:
+    """WCAG contrast of at least 4.5 between the chip's text and its colour."""
+    for c in causes.CAUSES:
+        bg = _luminance(c.colour)
+        text = 1.0 if c.light_text else _luminance("#1A1A1A")
+        hi, lo = max(bg, text), min(bg, text)
+        assert (hi + 0.05) / (lo + 0.05) >= 4.5, c
+
+
+def test_every_cause_the_engine_charges_is_in_the_table() -> None:
+    charged = {
+        loss.SYSTEM_CHANGED,
+        loss.TOOLS_CHANGED,
+        loss.HISTORY_REWRITTEN,
+        SIDE_CALL,
+        loss.OTHER_CONVERSATION,
+        loss.OTHER_MODEL,
+        loss.SERVER_EMPTY,
+        loss.SERVER_HEAD_ONLY,
+        loss.SERVER_ROLLBACK,
+        causes.SERVER_NO_ROLLBACK,
+    }
+    assert charged == set(causes.BY_NAME)
+    assert causes.SIDE_CALL == SIDE_CALL
+
+
+def test_the_page_and_the_report_read_the_table() -> None:
+    assert HTML_COLOURS == {c.name: c.colour for c in causes.CAUSES}
+    css = _cause_css()
+    for c in causes.CAUSES:
+        assert f".b-{c.name} {{ background: {c.colour}; }}" in css
+        assert (f".chip.b-{c.name}" in css) == c.light_text
+    for c in causes.CAUSES:
+        if c.group == causes.SERVER:
+            f = {
+                "kind": "server_cache_loss",
+                "model": "m",
+                "rows": [1],
+                "evidence": {"kind": c.name},
+            }
+            said, fix = sentence(f)
+            assert said.startswith("m ") and fix == c.fix
+        if c.group == causes.CLIENT:
+            f = {
+                "kind": "prefix_break",
+                "client": "x",
+                "rows": [1],
+                "evidence": {"break_cause": c.name},
+            }
+            said, fix = sentence(f)
+            assert c.did in said and fix == c.fix
+
+
+def test_an_unknown_cause_reads_as_its_name() -> None:
+    assert causes.words("from_a_newer_recording") == "from_a_newer_recording"
