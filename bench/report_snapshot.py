@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,7 @@ def recordings(out: Path) -> None:
 def reports(rec: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     llmp = str(Path(sys.executable).with_name("llmp"))
+    env = {**os.environ, "COLUMNS": "120"}  # PYTHONPATH may name another checkout's code
     for path in sorted(rec.glob("*.jsonl")):
         stem = path.stem
         runs = {
@@ -49,12 +51,10 @@ def reports(rec: Path, out: Path) -> None:
             f"{stem}.txt": [],
         }
         for name, args in runs.items():
-            done = subprocess.run(
-                [llmp, "analyze", str(path), *args], capture_output=True, env={"COLUMNS": "120"}
-            )
+            done = subprocess.run([llmp, "analyze", str(path), *args], capture_output=True, env=env)
             (out / name).write_bytes(done.stdout + b"\n--- exit %d\n" % done.returncode)
         page = str(out / f"{stem}.html")
-        subprocess.run([llmp, "analyze", str(path), "--html", page], capture_output=True)
+        subprocess.run([llmp, "analyze", str(path), "--html", page], capture_output=True, env=env)
 
 
 def main() -> None:

@@ -102,7 +102,11 @@ def test_changed_system_prompt(tmp_path: Path, mode: str) -> None:
     one_conversation(rep)
     r = rows_by_id(rep)
     assert r[4]["break_cause"] == "system_changed"
-    assert r[4]["prefix_tokens"] == 0 and r[4]["predicted_reuse"] == 0.0
+    # R31: the break begins where the date was appended, near the end of the one system
+    # message (a digest knows its last 256 characters changed), not at the message's start.
+    system = r[4]["composition"]["system"]["value"]
+    assert 0 < system - r[4]["prefix_tokens"] <= 0.25 * system
+    assert 0 < r[4]["predicted_reuse"] <= r[4]["observed_reuse"]
     assert r[4]["cause"] == "structural"
     assert r[4]["lost_external"] is None
     lc = r[4]["lost_client"]
@@ -123,6 +127,8 @@ def test_changed_system_prompt(tmp_path: Path, mode: str) -> None:
     assert changed[0]["index"] == 0 and changed[0]["role"] == "system"
     assert changed[0]["within"] == "last_256" and changed[0]["rows"] == 1
     assert "near its end" in tip["text"] and "latest user message" in tip["text"]
+    assert "already comes after the stable instructions" in tip["text"]
+    assert "move that part after the stable instructions" not in tip["text"]
     if mode == "full":  # the text itself, only in full mode
         assert changed[0]["offset"] == len(sc.SYSTEM) and "2026-08-21" in changed[0]["context"]
         assert tip["confidence"] == "high"

@@ -27,65 +27,35 @@ About 18 000 tokens of prefill: some 90 s of it at 200 tokens/s.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import shutil
-import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from llmp.cli import main
-from tests.support.mitm import Mitmdump, read_records
 from tests.support.real import LlamaServer, real_server_marks
+from tests.support.real_cases import (
+    MAX_TOKENS,
+    MODEL,
+    MODES,
+    Case,
+    log_lines,
+    post,
+    record,
+    rules,
+    tokens,
+    turn,
+)
 
 openai = pytest.importorskip("openai")
 
 pytestmark = real_server_marks()
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
-MODEL = "smol"
-MAX_TOKENS = 8
 TOLERANCE = 0.10
-MODES = ("digest", "full", "tokenized")
-"""The analyses of each case: the digest recording, the full one, and the full one
-after ``--tokenize`` (the server's token counts instead of the ⌈chars / 4⌉ estimate)."""
 """A charge is right when it is within this share of what the server says it cost."""
 
 # -- the texts -----------------------------------------------------------------
-
-_TOPICS = (
-    "deployments", "backups", "alerts", "access requests", "billing", "log retention",
-    "releases", "incidents", "certificates", "capacity", "on-call handover", "audits",
-)  # fmt: skip
-
-
-def _rules(n: int, start: int = 0) -> str:
-    """A long, stable block of instructions (about 70 tokens a rule)."""
-    out = []
-    for i in range(start, start + n):
-        topic = _TOPICS[i % len(_TOPICS)]
-        out.append(
-            f"Rule {i + 1} ({topic}): when a question is about {topic}, first restate what "
-            f"the operator asked, then check the {topic} runbook, name the owner of the "
-            f"{topic} service, say which dashboard shows its state, and end with one concrete "
-            f"next step. Never guess a number that the {topic} ledger does not show."
-        )
-    return "\n".join(out)
-
-
-def _log(n: int, minute: int = 0) -> str:
-    """A pasted log, as a user message carries it (about 35 tokens a line)."""
-    lines = [
-        f"2025-03-14T09:{minute + i:02d}:00Z api-gateway request {1000 + 37 * i} took "
-        f"{120 + 13 * i} ms, status {503 if i % 5 == 4 else 200}, region eu-west-{1 + i % 3}"
-        for i in range(n)
-    ]
-    return "Here is the gateway log of this morning:\n" + "\n".join(lines)
 
 
 def _tool(name: str, what: str) -> dict[str, Any]:
@@ -121,7 +91,7 @@ TOOLS = [
 INTRO = "You are a careful assistant for the operations team of a small web service.\n"
 CLOCK_BEFORE = "09:58:12 on Friday 2025-03-14"
 CLOCK_AFTER = "14:03:40 on Friday 2025-03-14"  # same length; differs from its first character
-USER_1 = _log(10)
+USER_1 = log_lines(10)
 USER_2 = (
     "Which of these requests failed, and in which region? Keep in mind that the gateway "
     "retries a failed request once, after about a second, and that the retry is logged "
@@ -130,107 +100,6 @@ USER_2 = (
 USER_3 = "Thanks. Which dashboard should I open first?"
 
 # -- driving the server ----------------------------------------------------------
-
-
-def _turn(client: Any, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> str:
-    """One streamed turn, as an agent sends it; the reply's text."""
-    extra: dict[str, Any] = {"tools": tools} if tools else {}
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=messages,
-        stream=True,
-        stream_options={"include_usage": True},
-        max_tokens=MAX_TOKENS,
-        temperature=0,
-        **extra,
-    )
-    text = ""
-    for chunk in stream:
-        for choice in chunk.choices:
-            text += choice.delta.content or ""
-    return text
-
-
-def _post(url: str, body: dict[str, Any]) -> Any:
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        return json.loads(resp.read())
-
-
-def _tokens(server: LlamaServer, texts: list[str]) -> int:
-    """The server's own token count of these texts, without special tokens."""
-    return sum(
-        len(_post(server.url + "/tokenize", {"content": t, "add_special": False})["tokens"])
-        for t in texts
-    )
-
-
-def _analyze(path: Path, *options: str) -> dict[str, Any]:
-    """``llmp analyze --json [OPTIONS] PATH``, parsed."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        assert main(["analyze", *options, str(path), "--json"]) == 0, err.getvalue()
-    report: dict[str, Any] = json.loads(out.getvalue())
-    return report
-
-
-@dataclass
-class Case:
-    """One conversation, recorded in both modes and analysed (MODES)."""
-
-    name: str
-    digest: dict[int, dict[str, Any]] = field(default_factory=dict)
-    full: dict[int, dict[str, Any]] = field(default_factory=dict)
-    reports: dict[str, dict[str, Any]] = field(default_factory=dict)  # by MODES
-    new: dict[int, int] = field(default_factory=dict)
-    """Per record id: the server's tokens of the messages no earlier turn had sent."""
-    notes: dict[str, Any] = field(default_factory=dict)
-
-    def row(self, rid: int, mode: str = "digest") -> dict[str, Any]:
-        rows = {r["id"]: r for r in self.reports[mode]["rows"]}
-        return rows[rid]
-
-    def timings(self, rid: int) -> dict[str, Any]:
-        """The server's counters for one exchange, as the digest recording kept them."""
-        timings: dict[str, Any] = self.digest[rid]["response"]["digest"]["usage"]["timings"]
-        return timings
-
-
-def _record(server: LlamaServer, tmp: Path, name: str, drive: Callable[[Any, Case], None]) -> Case:
-    """Drive a conversation through ``full -> digest -> llama-server``; analyse it (MODES)."""
-    case = Case(name)
-    full_path, digest_path = tmp / f"{name}-full.jsonl", tmp / f"{name}-digest.jsonl"
-    inner = Mitmdump(
-        server.url, digest_path, {"llmp_body": "digest"}, log_path=tmp / f"{name}-digest.log"
-    )
-    with inner:
-        outer = Mitmdump(
-            inner.url, full_path, {"llmp_body": "full"}, log_path=tmp / f"{name}-full.log"
-        )
-        with outer:
-            client = openai.OpenAI(
-                base_url=outer.url + "/v1", api_key="x", max_retries=0, timeout=600
-            )
-            try:
-                drive(client, case)
-            finally:
-                client.close()
-            outer.stop()  # SIGINT: records of finished exchanges are written
-        inner.stop()
-    case.full = {r["id"]: r for r in read_records(full_path)}
-    case.digest = {r["id"]: r for r in read_records(digest_path)}
-    assert sorted(case.full) == sorted(case.digest)
-    # The full recording once more, with the server's own token counts (R18).
-    tokenized = tmp / f"{name}-tokenized.jsonl"
-    shutil.copyfile(full_path, tokenized)
-    case.reports = {
-        "digest": _analyze(digest_path),
-        "full": _analyze(full_path),
-        "tokenized": _analyze(tokenized, "--tokenize", server.url),
-    }
-    return case
 
 
 def _summary(case: Case, rid: int, loss: dict[str, Any] | None) -> str:
@@ -306,8 +175,8 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
 
 def _clock_system(where: str, clock: str) -> str:
     if where == "top":
-        return f"{INTRO}Current time: {clock}\n{_rules(30)}"
-    return f"{INTRO}{_rules(30)}\nCurrent time: {clock}"
+        return f"{INTRO}Current time: {clock}\n{rules(30)}"
+    return f"{INTRO}{rules(30)}\nCurrent time: {clock}"
 
 
 def _clock_case(server: LlamaServer, tmp: Path, where: str) -> Case:
@@ -317,22 +186,22 @@ def _clock_case(server: LlamaServer, tmp: Path, where: str) -> Case:
             {"role": "system", "content": system},
             {"role": "user", "content": USER_1},
         ]
-        reply_1 = _turn(client, messages)  # 1
+        reply_1 = turn(client, messages)  # 1
         messages += [{"role": "assistant", "content": reply_1}, {"role": "user", "content": USER_2}]
-        reply_2 = _turn(client, messages)  # 2
+        reply_2 = turn(client, messages)  # 2
         changed = _clock_system(where, CLOCK_AFTER)
         messages[0] = {"role": "system", "content": changed}
         messages += [{"role": "assistant", "content": reply_2}, {"role": "user", "content": USER_3}]
-        _turn(client, messages)  # 3: the clock moved
+        turn(client, messages)  # 3: the clock moved
         case.new = {
-            2: _tokens(server, [reply_1, USER_2]),
-            3: _tokens(server, [reply_2, USER_3]),
+            2: tokens(server, [reply_1, USER_2]),
+            3: tokens(server, [reply_2, USER_3]),
         }
-        case.notes["system_tokens"] = _tokens(server, [system])
+        case.notes["system_tokens"] = tokens(server, [system])
         case.notes["clock_offset"] = changed.index(CLOCK_AFTER)
         case.notes["system"] = changed
 
-    return _record(server, tmp, f"clock-{where}", drive)
+    return record(server, tmp, f"clock-{where}", drive)
 
 
 @pytest.fixture(scope="module", params=["top", "end"])
@@ -346,16 +215,16 @@ def clock(
 @pytest.fixture(scope="module")
 def side_call(plain: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> Case:
     server = plain
-    system = INTRO + _rules(12, start=40)
+    system = INTRO + rules(12, start=40)
 
     def drive(client: Any, case: Case) -> None:
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": system},
             {"role": "user", "content": USER_1},
         ]
-        reply_1 = _turn(client, messages)  # 1
+        reply_1 = turn(client, messages)  # 1
         messages += [{"role": "assistant", "content": reply_1}, {"role": "user", "content": USER_2}]
-        reply_2 = _turn(client, messages)  # 2
+        reply_2 = turn(client, messages)  # 2
         title = client.chat.completions.create(  # 3: a title call, on the one slot
             model=MODEL,
             messages=[
@@ -367,13 +236,13 @@ def side_call(plain: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> C
         )
         case.notes["title"] = title.choices[0].message.content
         messages += [{"role": "assistant", "content": reply_2}, {"role": "user", "content": USER_3}]
-        _turn(client, messages)  # 4: the slot holds the title call now
+        turn(client, messages)  # 4: the slot holds the title call now
         case.new = {
-            2: _tokens(server, [reply_1, USER_2]),
-            4: _tokens(server, [reply_2, USER_3]),
+            2: tokens(server, [reply_1, USER_2]),
+            4: tokens(server, [reply_2, USER_3]),
         }
 
-    return _record(server, tmp_path_factory.mktemp("side-call"), "side-call", drive)
+    return record(server, tmp_path_factory.mktemp("side-call"), "side-call", drive)
 
 
 @pytest.fixture(scope="module")
@@ -381,35 +250,35 @@ def reordered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Case]:
     tmp = tmp_path_factory.mktemp("reordered")
     template = SUPPORT / "tools_first.jinja"
     args = ["--jinja", "--chat-template-file", str(template)]
-    system = INTRO + _rules(12, start=80)
+    system = INTRO + rules(12, start=80)
     with LlamaServer(ctx=8192, extra_args=args, log_path=tmp / "llama-server.log") as server:
         probe = [{"role": "system", "content": system}, {"role": "user", "content": USER_3}]
-        rendered = _post(server.url + "/apply-template", {"messages": probe, "tools": TOOLS})
+        rendered = post(server.url + "/apply-template", {"messages": probe, "tools": TOOLS})
 
         def drive(client: Any, case: Case) -> None:
             messages: list[dict[str, Any]] = [
                 {"role": "system", "content": system},
                 {"role": "user", "content": USER_1},
             ]
-            reply_1 = _turn(client, messages, TOOLS)  # 1
+            reply_1 = turn(client, messages, TOOLS)  # 1
             messages += [
                 {"role": "assistant", "content": reply_1},
                 {"role": "user", "content": USER_2},
             ]
-            reply_2 = _turn(client, messages, TOOLS)  # 2
+            reply_2 = turn(client, messages, TOOLS)  # 2
             messages += [
                 {"role": "assistant", "content": reply_2},
                 {"role": "user", "content": USER_3},
             ]
-            _turn(client, messages, TOOLS[::-1])  # 3: the same tools, in another order
+            turn(client, messages, TOOLS[::-1])  # 3: the same tools, in another order
             case.new = {
-                2: _tokens(server, [reply_1, USER_2]),
-                3: _tokens(server, [reply_2, USER_3]),
+                2: tokens(server, [reply_1, USER_2]),
+                3: tokens(server, [reply_2, USER_3]),
             }
             case.notes["rendered"] = rendered["prompt"]
             case.notes["system"] = system
 
-        yield _record(server, tmp, "reordered", drive)
+        yield record(server, tmp, "reordered", drive)
 
 
 @pytest.fixture(scope="module")
@@ -417,7 +286,7 @@ def context_cut(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Case]:
     tmp = tmp_path_factory.mktemp("context-cut")
     template = SUPPORT / "tools_after_system.jinja"
     args = ["--jinja", "--chat-template-file", str(template)]
-    system = INTRO + _rules(10, start=120)
+    system = INTRO + rules(10, start=120)
     short_system = system[: len(system) // 3]  # the harness keeps the head of its prompt
     tools, fewer = TOOLS[:4], TOOLS[:2]
     with LlamaServer(ctx=2048, extra_args=args, log_path=tmp / "llama-server.log") as server:
@@ -427,20 +296,20 @@ def context_cut(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Case]:
                 {"role": "system", "content": system},
                 {"role": "user", "content": USER_1},
             ]
-            reply_1 = _turn(client, messages, tools)  # 1
+            reply_1 = turn(client, messages, tools)  # 1
             # The message that overflows is a pasted log, as a tool result often is.
             messages += [
                 {"role": "assistant", "content": reply_1},
-                {"role": "user", "content": _log(10, minute=30)},
+                {"role": "user", "content": log_lines(10, minute=30)},
             ]
             with pytest.raises(openai.BadRequestError) as info:  # 2: too long for -c 2048
-                _turn(client, messages, tools)
+                turn(client, messages, tools)
             case.notes["refusal"] = {"status": info.value.status_code, "body": info.value.body}
             messages[0] = {"role": "system", "content": short_system}
-            _turn(client, messages, fewer)  # 3: the harness cut its prompt and tools
-            case.new = {3: _tokens(server, [reply_1, messages[3]["content"]])}
+            turn(client, messages, fewer)  # 3: the harness cut its prompt and tools
+            case.new = {3: tokens(server, [reply_1, messages[3]["content"]])}
 
-        yield _record(server, tmp, "context-cut", drive)
+        yield record(server, tmp, "context-cut", drive)
 
 
 # -- 1. a clock in the system prompt -----------------------------------------------

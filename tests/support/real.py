@@ -35,6 +35,9 @@ import pytest
 
 SERVER_ENV = "LLMP_LLAMA_SERVER"
 MODEL_ENV = "LLMP_LLAMA_MODEL"
+SWA_MODEL_ENV = "LLMP_LLAMA_MODEL_SWA"
+"""Gemma 3 270M: a sliding-window (SWA) cache, which llama-server cannot roll back to an
+earlier position unless it runs with ``--swa-full``."""
 READY_TIMEOUT = 180.0
 
 
@@ -64,6 +67,16 @@ def real_server_marks() -> list[pytest.MarkDecorator]:
         pytest.mark.e2e,
         pytest.mark.skipif(isinstance(found, str), reason=str(found)),
     ]
+
+
+def swa_model() -> Path | str:
+    """The SWA model from ``LLMP_LLAMA_MODEL_SWA``, or why it can't be used."""
+    model = os.environ.get(SWA_MODEL_ENV, "").strip()
+    if not model:
+        return f"set {SWA_MODEL_ENV} to run against a sliding-window model"
+    if not Path(model).is_file():
+        return f"{SWA_MODEL_ENV}={model} is not a file"
+    return Path(model)
 
 
 def require_llama() -> tuple[Path, Path]:
@@ -121,11 +134,14 @@ class LlamaServer:
         extra_args: Sequence[str] = (),
         log_path: Path | None = None,
         timeout: float = READY_TIMEOUT,
+        model: Path | None = None,
     ) -> None:
         found = llama_paths()
         if isinstance(found, str):
             raise LlamaServerError(found)
         self.server, self.model = found
+        if model is not None:  # another model than LLMP_LLAMA_MODEL (e.g. the SWA one)
+            self.model = model
         self.ctx = ctx
         self.parallel = parallel
         self.threads = threads

@@ -84,11 +84,22 @@ def volatile_block(where: dict[str, Any] | None, label: str | None) -> dict[str,
         FIRST_256: "near its start",
         LAST_256: "near its end",
     }.get(str(within), "in its middle")
-    text = (
-        f"The system prompt changes {place} from one request to the next (a date, a clock or an "
-        "environment block): move that part after the stable instructions, or into the latest "
-        "user message, so that everything before it stays reusable."
-    )
+    if within == LAST_256:
+        # Already after the stable instructions: saying "move it after them" would send
+        # the user to where the text already is.
+        text = (
+            f"The system prompt changes {place} from one request to the next (a date, a clock "
+            "or an environment block). It already comes after the stable instructions, so a "
+            "server that can roll its cache back keeps them; the history after it is still "
+            "read again every time: move that part into the latest user message, so that "
+            "everything before it stays reusable."
+        )
+    else:
+        text = (
+            f"The system prompt changes {place} from one request to the next (a date, a clock "
+            "or an environment block): move that part after the stable instructions, or into "
+            "the latest user message, so that everything before it stays reusable."
+        )
     who = harness_of(label)
     if abs(after - before) > SMALL_EDIT_CHARS or max(before, after) <= 2 * SMALL_EDIT_CHARS:
         return None  # a rewrite, or a short message: no volatile block in a stable prompt

@@ -293,7 +293,9 @@ class Engine:
         if link is not None:
             linked_to = link.conv.last.row_id
             btw = between(s, linked_to, served, conv.number)
-        verdict = losses(st, counts, btw, cfg)
+        verdict = losses(st, counts, btw, cfg, served in s.rolls_back)
+        if verdict.rolled_back:
+            s.rolls_back.add(served)
         row = Row(
             ex.id,
             api_name,

@@ -18,6 +18,7 @@ from llmp.analysis.causes import (
     SERVER_CAUSES,
     SERVER_EMPTY,
     SERVER_HEAD_ONLY,
+    SERVER_NO_ROLLBACK,
 )
 from llmp.analysis.classify import SIDE_CALL, STATELESS, TURN
 from llmp.analysis.loss import Between
@@ -135,6 +136,47 @@ class LossGroup:
 
 
 @dataclass
+class Memory:
+    """Whether a served model's cache can return to an earlier position, as its turns show.
+
+    The signature of a cache that cannot (a sliding-window or hybrid model on
+    llama-server, R31): appended turns reuse everything, while every change drops
+    reuse to 0 or to a checkpoint before it.
+    """
+
+    appended: int = 0
+    appended_lost: int = 0
+    changes: int = 0
+    rolled_back: int = 0
+    """Changes after which the server went back to where the change began."""
+
+    @property
+    def signature(self) -> bool:
+        return (
+            self.appended > 0
+            and self.appended_lost == 0
+            and self.changes > 0
+            and self.rolled_back == 0
+        )
+
+    def evidence(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "appended_turns": self.appended,
+            "appended_lost": self.appended_lost,
+            "changes": self.changes,
+            "changes_rolled_back": self.rolled_back,
+            "text": None,
+        }
+        if self.signature:
+            out["text"] = (
+                f"Its {self.appended} appended turns reused the whole cache, and after each of "
+                f"the {self.changes} changes it re-read from the start or from a checkpoint: "
+                "the model's cache cannot go back (a sliding-window or hybrid/recurrent model)."
+            )
+        return out
+
+
+@dataclass
 class ToolStats:
     """One tool offered by one client."""
 
@@ -185,6 +227,7 @@ class Findings:
         self.links: Counter[tuple[int, str]] = Counter()
         self.system: dict[int, SystemStats] = {}
         self.volatile: dict[tuple[int, str], LossGroup] = {}
+        self.memory: dict[str, Memory] = {}
         self.overflow = Overflow(cfg)
         self.refusals: deque[tuple[int, int]] = deque(maxlen=1024)  # (session, record id)
 
@@ -226,6 +269,7 @@ class Findings:
                 vg.conversations.add(row.conversation)
             vg.note_where(row.volatile_where, row.volatile.tokens)
         if not row.new_conversation:
+            self._memory(row, btw)
             self.links[(row.client, served)] += 1
             if row.break_cause is not None and not row.compaction:
                 g = self.breaks.get((row.client, row.break_cause, served))
@@ -265,6 +309,21 @@ class Findings:
             self._eviction(cause, served, row.id, ext, btw, kinds > 1)
         elif row.counts.reused_tokens is None and btw.would_cause is not None:
             self._eviction(btw.would_cause, served, row.id, None, btw, kinds > 1)
+
+    def _memory(self, row: Row, btw: Between) -> None:
+        """What a linked turn shows of whether the server's cache can go back (R31)."""
+        mem = self.memory.get(row.served)
+        if mem is None:
+            mem = self.memory[row.served] = Memory()
+        if btw.would_cause is not None or row.counts.reused_tokens is None:
+            return  # something else may have taken the cache, or nothing was measured
+        ext = row.lost_external
+        if row.break_cause is None:
+            mem.appended += 1
+            mem.appended_lost += ext is not None
+        elif not row.compaction:
+            mem.changes += 1
+            mem.rolled_back += ext is None or ext.cause != SERVER_NO_ROLLBACK
 
     @staticmethod
     def _group(groups: dict[str, LossGroup], key: str) -> LossGroup:
@@ -359,15 +418,20 @@ class Findings:
                 f["evidence"] = {"other_models": sorted(g.models)}
                 out.append(f)
         for (served, kind), g in self.server.items():
+            mem = self.memory.get(served) if kind == SERVER_NO_ROLLBACK else None
             if kind == SERVER_EMPTY:
                 conf = HIGH
             elif kind == SERVER_HEAD_ONLY:
                 conf = HIGH if len(g.rows) >= 2 else MEDIUM
+            elif mem is not None and mem.signature:
+                conf = HIGH
             else:
                 conf = MEDIUM
             f = self._loss_finding(SERVER_CACHE_LOSS, served, None, g, conf)
             if f is not None:
                 f["evidence"] = {"kind": kind}
+                if mem is not None:
+                    f["evidence"]["memory"] = mem.evidence()
                 out.append(f)
 
         merged: dict[tuple[str, str, str], LossGroup] = {}

@@ -135,6 +135,9 @@ class Session:
         self.skipped: deque[int] = deque(maxlen=1024)
         # Served models whose Ollama counts proved the old prompt_eval_count meaning.
         self.ollama_old: set[str] = set()
+        self.rolls_back: set[str] = set()
+        """Served models that went back into a changed message: their caches can return to
+        any earlier position, so a shortfall after a change is the estimate's, not R31's."""
         # Prompts the server refused for its context, as it counted them: (id, model, tokens).
         self.refused: deque[tuple[int, str | None, int]] = deque(maxlen=64)
 

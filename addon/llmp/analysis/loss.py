@@ -15,6 +15,7 @@ from llmp.analysis.causes import (
     OTHER_MODEL,
     SERVER_EMPTY,
     SERVER_HEAD_ONLY,
+    SERVER_NO_ROLLBACK,
     SERVER_ROLLBACK,
     SYSTEM_CHANGED,
     TOOLS_CHANGED,
@@ -105,6 +106,13 @@ class Structure:
     tools_dropped: bool = False  # the template left the tools out (drop_unrendered_tools)
     volatile: int = 0
     """A volatile head: what a new conversation re-read because only its head changed."""
+    within: int = 0
+    before: int | None = None
+    """How many whole messages come before the break (R31's P counts their template tokens)."""
+    messages: int = 0
+    """How many messages the prompt holds."""
+    """Of `prefix`, the part inside the first changed message: the unchanged text before the
+    change (R31: the break begins there, not at the message's start)."""
     volatile_where: dict[str, Any] | None = None
 
     def __init__(self, system: MV, tools: MV, history: MV, new: MV, linked: bool = False) -> None:
@@ -173,6 +181,7 @@ def compare(ex: Exchange, link: Link | None, cfg: Config) -> Structure:
         history = (0, system[1])
         new = ex.range_tokens(nsys, n)
     st = Structure(system, tools, history, new, linked=True)
+    st.messages = n
 
     sys = ex.hashes[:nsys]
     sys_eq = sys == last.sys
@@ -199,6 +208,15 @@ def compare(ex: Exchange, link: Link | None, cfg: Config) -> Structure:
     if st.break_cause is None:
         st.exact_prefix = last.prompt_server
         return st
+    if st.break_cause == SYSTEM_CHANGED:
+        st.before = ps
+        if ps < nsys and ps < len(last.sys):
+            st.within = _kept_within(ex, ps, last, ps)
+    elif st.break_cause == HISTORY_REWRITTEN and mode in (CONTINUATION, PREFIX):
+        st.before = nsys + k
+        j = _old_counterpart(ex, nsys + k, last, ps, nsys, k)
+        if j is not None:
+            st.within = _kept_within(ex, nsys + k, last, j)
 
     rest_total = history[0] + new[0]
     if mode == SUMMARY:
@@ -213,8 +231,10 @@ def compare(ex: Exchange, link: Link | None, cfg: Config) -> Structure:
     elif _resends_a_side_reply(ex, nsys + (k if mode in (CONTINUATION, PREFIX) else 0), link.conv):
         st.compaction = True
     if st.compaction:
+        st.within = 0
         _volatile_head(ex, st, last, ps, sys_eq, tools_eq, cfg)
         return st
+    st.prefix += st.within
     _charge(ex, st, last, ps, sys_eq, tools_eq, k if st.break_cause == HISTORY_REWRITTEN else 0)
     return st
 
@@ -267,6 +287,7 @@ def _charge(
             st.tools_differ = True
             st.tools_fresh = _new_tools_tokens(ex, last)
             fresh += st.tools_fresh
+    after -= st.within  # the changed message's text before the change is still reusable
     st.after = int(after)
     st.fresh = int(min(fresh, after))
     st.lost_source = ESTIMATE if estimated or ex.tokmap is None else TOKENIZER
@@ -340,6 +361,30 @@ def _volatile_head(
     if shared > 0:
         st.volatile = shared
         st.volatile_where = where
+
+
+def _kept_within(ex: Exchange, i: int, last: TurnState, j: int) -> int:
+    """The tokens of message i before the point where it first differs from the earlier
+    message j (composition units): where, inside the message, the prompt changed.
+
+    Only what a digest knows is used (R5), so a full and a digest recording charge
+    alike: a change in the first 256 characters keeps nothing, one only in the last 256
+    keeps what comes before them, and one in between keeps at least the first 256.
+    """
+    if i >= len(ex.hashes) or j >= len(last.sys) + len(last.rest):
+        return 0
+    chars, head, tail = ex.edges(i)
+    ochars, ohead, otail = last.edges(j)
+    if chars <= 0:
+        return 0
+    if head != ohead:
+        kept = 0
+    elif tail != otail:
+        kept = max(0, min(chars, ochars) - EDGE_CHARS)
+    else:
+        kept = min(chars, EDGE_CHARS)
+    tok, _ = ex.cumulative()
+    return round((tok[i + 1] - tok[i]) * min(kept, chars) / chars)
 
 
 def _old_counterpart(
@@ -577,6 +622,8 @@ class Verdict:
     server_kind: str | None = None
     volatile: Loss | None = None
     """What a volatile head cost a new conversation or a compaction (no row charge)."""
+    rolled_back: bool = False
+    """The server reused past the start of the changed message: it can go back (R31)."""
 
 
 def _ms(tokens: float, src: str, counts: Counts) -> MV | None:
@@ -728,11 +775,15 @@ def _tools_missing_from_estimate(prompt: float, without: int, tools: int) -> boo
     return max(prompt, without) / min(prompt, without) < max(prompt, total) / min(prompt, total)
 
 
-def losses(st: Structure, counts: Counts, btw: Between | None, cfg: Config) -> Verdict:
+def losses(
+    st: Structure, counts: Counts, btw: Between | None, cfg: Config, rolls_back: bool = False
+) -> Verdict:
     """Predicted and observed reuse, the two losses, and the row's cause.
 
     `st` loses its tools block first when the template did not render it
     (`drop_unrendered_tools`); the row's composition is taken from `st` after.
+    `rolls_back`: the served model was seen going back into a changed message before
+    (`Verdict.rolled_back`), so its cache can return to any position (R31).
     """
     # Every row comes here: `Structure.total` and `.source` and `weakest` of two are
     # inlined, and the tools are only looked at when there are some.
@@ -761,6 +812,18 @@ def losses(st: Structure, counts: Counts, btw: Between | None, cfg: Config) -> V
         p_srv: float = min(st.exact_prefix, prompt[0])
         p_src = SERVER
         scaled = False
+    elif (
+        st.before is not None
+        and source == TOKENIZER
+        and prompt is not None
+        and prompt[1] == SERVER
+        and prompt[0] >= total
+    ):
+        # The tokenizer counted each message's text; the template adds a few tokens to
+        # every message wherever it stands, so the messages before the break carry their
+        # share of what the server counted beyond the texts, not a share by size.
+        per_message = (prompt[0] - total) / max(1, st.messages)
+        p_srv, p_src = st.prefix + per_message * st.before, TOKENIZER
     elif factor is not None:
         p_srv, p_src = st.prefix * factor, unit_src
     else:
@@ -779,7 +842,20 @@ def losses(st: Structure, counts: Counts, btw: Between | None, cfg: Config) -> V
     deficit = 0.0
     external = False
     if r_known and reused is not None:
-        deficit = p_srv - reused[0]
+        p_cut = p_srv
+        if st.within and factor is not None and scaled:
+            # Where in the changed message the change falls is known only roughly in a
+            # digest; a server that reused past the message's start has shown it can go
+            # back to any position, and its own reuse is where the change began.
+            p_msg = (st.prefix - st.within) * factor
+            if reused[0] > p_msg + tol:
+                v.rolled_back = True
+                p_cut = min(p_srv, float(reused[0]))
+        if rolls_back and charged and p_src != TOKENIZER and (btw is None or not btw.would_cause):
+            # A cache that can go back re-read from the change: where an estimate put the
+            # change past the server's reuse, the estimate is what was off.
+            p_cut = min(p_cut, float(reused[0]))
+        deficit = p_cut - reused[0]
         threshold: float = tol
         if scaled and source == ESTIMATE:
             threshold += cfg.estimate_margin * p_srv
@@ -800,6 +876,10 @@ def losses(st: Structure, counts: Counts, btw: Between | None, cfg: Config) -> V
                 kind = SERVER_HEAD_ONLY
             else:
                 kind = SERVER_ROLLBACK
+            if charged:
+                # R31: the client's change began at P; a cache that cannot return to an
+                # earlier position re-read what came before it too.
+                kind = SERVER_NO_ROLLBACK
             v.server_kind = kind
             if why is not None:
                 ext_cause, row_cause = why, why
