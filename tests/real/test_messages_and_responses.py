@@ -2,7 +2,7 @@
 
 The real `anthropic` and `openai` SDKs talk to a real llama-server (one slot,
 no host-memory cache) through two recorders in a chain, a digest one in front
-of a full one (`tests/e2e/test_new_apis.py`), for three turns on each API,
+of a full one (`tests/e2e/test_messages_and_responses.py`), for three turns on each API,
 streamed and not.  Every row's reused and evaluated counts must be the
 server's own counters as recorded, the merged replies must be what the SDKs
 assembled, and the digest recording's hashes those of the full bodies.
@@ -19,7 +19,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.e2e.test_new_apis import (
+from tests.e2e.test_messages_and_responses import (
     CLAUDE_UA,
     CODEX_UA,
     blocks,
