@@ -9,7 +9,8 @@ What counts as "named", in README.md and docs/*.md:
   `addon/llmp/`), or a bare `*.md` name.  It must exist relative to the
   repository, `addon/`, `addon/llmp/` (the docs say `analysis/loss.py`),
   `tests/` or `docs/`; a bare `*.md` may also be one of the spec's pages in
-  `../shared/spec/`.  A bare `calc.py` is a user's file, not a claim.  Words with placeholders (`<`, `{`,
+  `../shared/spec/`.  A bare `test_x.py` (or `test_x.py::test_y`) must be a
+  file somewhere under `tests/`.  A bare `calc.py` is a user's file, not a claim.  Words with placeholders (`<`, `{`,
   `*`, `$`, `...`, `…`), URLs, absolute paths, `../shared` files and the
   run-time files llmp writes (`*.jsonl`, `*.html`, `*.csv` ...) are not paths
   in this repository and are skipped.  A pattern (`tests/hardening/test_*.py`)
@@ -218,11 +219,22 @@ def glob_problem(word: str) -> str | None:
     return f"pattern {word} matches nothing"
 
 
+TEST_FILE = re.compile(r"^(test_\w+\.py)(?:::\w+)?$")
+
+
+def missing_test_file(word: str) -> str | None:
+    """A bare `test_x.py` (or `test_x.py::test_y`) names a file somewhere under tests/."""
+    m = TEST_FILE.match(word)
+    if m is None or any((ROOT / "tests").rglob(m.group(1))):
+        return None
+    return f"test file {m.group(1)}"
+
+
 def problems(doc: Path) -> list[str]:
     found: list[str] = []
     for code, command in code_of(doc.read_text()):
         for word in _words(code):
-            if problem := glob_problem(word):
+            if problem := glob_problem(word) or missing_test_file(word):
                 found.append(problem)
             elif MODULE_WORD.match(word):
                 if not module_exists(word):
@@ -243,6 +255,8 @@ def test_doc_names_only_what_exists(doc: Path) -> None:
 def test_the_checks_can_fail() -> None:
     """Each rule rejects a made-up name (else the test above would prove nothing)."""
     assert not path_exists("tests/test_hardening_faults.py")
+    assert missing_test_file("test_hardening_privacy.py::test_x")
+    assert missing_test_file("test_privacy.py::test_x") is None
     assert glob_problem("tests/test_hardening_*.py") and not glob_problem("tests/*/test_*.py")
     assert path_exists("tests/hardening/") and path_exists("analysis/loss.py")
     assert is_path("tests/test_hardening_faults.py") and not is_path("text/event-stream")

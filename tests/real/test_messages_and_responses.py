@@ -19,7 +19,9 @@ import anthropic
 import openai
 import pytest
 
-from tests.e2e.test_messages_and_responses import (
+from tests.support.live_checks import analyze, value
+from tests.support.real import LlamaServer, real_server_marks
+from tests.support.sdk_chain import (
     CLAUDE_UA,
     CODEX_UA,
     blocks,
@@ -30,8 +32,6 @@ from tests.e2e.test_messages_and_responses import (
     records,
     user_item,
 )
-from tests.support.live_checks import analyze, value
-from tests.support.real import LlamaServer, real_server_marks
 
 pytestmark = real_server_marks()
 
