@@ -165,9 +165,21 @@ def script_flags(script: str, sub: str | None) -> frozenset[str]:
 
 
 def command_problem(line: str) -> str | None:
-    """What is wrong with a command line, or None (also for lines that are no command)."""
+    """What is wrong with a command line, or None (also for lines that are no command).
+
+    Each command of `a && b | c; d` is checked (the README's `bash .ci/setup &&
+    .venv/bin/llmp demo`); what follows a redirection is a file, not a command.
+    """
     line = line.strip().removeprefix("$ ")
-    line = re.split(r"\s(?:\||&&|;|>|2>)\s", line)[0]
+    for part in re.split(r"\s(?:\|\||\||&&|;)\s", line):
+        problem = _one_command(re.split(r"\s(?:>|2>|>>)\s", part)[0])
+        if problem:
+            return problem
+    return None
+
+
+def _one_command(line: str) -> str | None:
+    line = line.strip()
     try:
         words = shlex.split(line, comments=True)
     except ValueError:
@@ -266,6 +278,7 @@ def test_the_checks_can_fail() -> None:
     assert command_problem("llmp nowhere")
     assert command_problem(".venv/bin/python bench/nowhere.py")
     assert command_problem("bash .ci/nowhere")
+    assert command_problem("bash .ci/setup && .venv/bin/llmp nowhere")
 
 
 TREE_LINE = re.compile(r"^(\s*)([\w.\-]+/?)(?:\s|$)")
