@@ -30,35 +30,12 @@ from llmp.analysis.command import explain
 from llmp.analysis.exchange import Digested, read_record
 from llmp.format.canonical import record_dumps
 from llmp.format.fastread import Histories, decode_digest, decode_llama_digest
-from tests.support import overflow_scenarios as osc
 from tests.support import scenarios as sc
+from tests.support.traffic import TRAFFIC, report_bytes
 
 # Every traffic the scenarios build: the shared ones, the Anthropic and Responses
 # ones (R21-R29), and those with skipped records, refusals and cut prompts.
-TRAFFIC: dict[str, Callable[[], sc.Traffic]] = {
-    **sc.SCENARIOS,
-    "outage_retries": sc.outage_retries,
-    "claude_code_session": sc.claude_code_session,
-    "claude_code_system_edit": sc.claude_code_system_edit,
-    "codex_session": sc.codex_session,
-    "codex_plain": lambda: sc.codex_session(stream=False),
-    "codex_stateful": sc.codex_stateful,
-    "both_agents": sc.both_agents,
-    "ollama_truncating": osc.ollama_truncating,
-    "llama_refusing": lambda: osc.llama_refusing()[0],
-}
 MODES = ("digest", "full", "mixed")
-
-
-def report_bytes(paths: list[Path], **kw: Any) -> bytes:
-    """`llmp analyze --json` of the paths, as bytes (`kw`: `analyze`'s options)."""
-    result = analyze([str(p) for p in paths], progress=False, **kw)
-    try:
-        out = io.BytesIO()
-        result.write_json(out)
-        return out.getvalue()
-    finally:
-        result.close()
 
 
 def page_parts(paths: list[Path], fast: bool) -> tuple[Any, ...]:

@@ -31,8 +31,8 @@ from llmp.analysis.command import _print_readable
 from llmp.analysis.linking import RingEntry
 from llmp.analysis.loss import Between
 from llmp.cli import main
-from tests.analysis.test_fast_path import TRAFFIC, report_bytes
 from tests.support import scenarios as sc
+from tests.support.traffic import TRAFFIC, report_bytes
 
 ID_RE = re.compile(rb'^\{"v":1,"id":\d+,')
 UA_RE = re.compile(rb'"user-agent":"')

@@ -14,9 +14,9 @@ from llmp.analysis.render import readable_findings, sentence
 from llmp.apis.ollama_chat import OllamaChat
 from llmp.apis.openai_chat import OpenAIChat
 from llmp.cli import main
-from tests.analysis.test_report import check_shape
 from tests.support import overflow_scenarios as osc
 from tests.support import scenarios as sc
+from tests.support.report_shape import check_shape
 from tests.support.scenarios import analyse, rows_by_id
 
 

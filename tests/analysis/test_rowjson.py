@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from llmp.analysis import analyze, report, rows
 from llmp.analysis.rows import Loss, Row
 from llmp.apis.base import Counts
-from tests.analysis.test_fast_path import TRAFFIC, report_bytes
 from tests.support import scenarios as sc
+from tests.support.traffic import TRAFFIC, report_bytes
 
 try:
     from llmp.analysis import _rowjson

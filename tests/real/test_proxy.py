@@ -10,8 +10,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.recorder.test_proxy import LlmpProxy
 from tests.support.mitm import read_records
+from tests.support.proxy import LlmpProxy
 from tests.support.real import LlamaServer, real_server_marks
 
 pytestmark = real_server_marks()

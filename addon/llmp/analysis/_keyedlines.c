@@ -5,7 +5,7 @@
    `format.lines.KEY_RE` reads `(t_start_ms, id)` off the start of a line the
    recorder wrote.  On a digest recording those two steps and the generator
    frames around them cost a few microseconds a line, about a twentieth of
-   `llmp analyze` (docs/performance.md, "eleventh pass").  This iterator does the
+   `llmp analyze` (docs/performance.md, "The reader's front in C").  This iterator does the
    same work without a Python frame per line, and decides nothing itself:
 
    - a line is split exactly as `_file_lines` splits it: `read(block)` until it

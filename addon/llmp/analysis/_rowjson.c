@@ -3,7 +3,7 @@
    `llmp.analysis.rows.Row.spill_line` (Python) defines the line; this module
    writes it for every row of `llmp analyze --json`, where building the row's
    dicts and freeing them cost about a tenth of the run (docs/performance.md,
-   "ninth pass").  It is exact by construction, not by imitation:
+   "The rows' line in C").  It is exact by construction, not by imitation:
 
    - it writes itself only what has one spelling: null, true and false, ints of
      64 bits, ASCII strings with nothing to escape, lists of those, and floats

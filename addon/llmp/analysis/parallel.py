@@ -57,10 +57,10 @@ from llmp.analysis.reader import (
     keyed_spans,
     sorted_index,
 )
+from llmp.analysis.result import Analysis
 from llmp.format.lines import KEY_RE, key_and_record, parse_line, with_number_text
 
 if TYPE_CHECKING:
-    from llmp.analysis import Analysis
     from llmp.analysis.overflow import Refusal
 
 UNITS_PER_JOB = 4
@@ -585,8 +585,6 @@ def analyze_parallel(
     `alone(files)` is the one-process analysis of the files to read (standard input
     spooled): what runs when the plan proves void (said on stderr) or makes one unit.
     """
-    from llmp.analysis import Analysis
-
     cfg = cfg or Config()
     with (
         Recording(paths, progress=False, stdin=stdin) as rec,

@@ -1,10 +1,16 @@
-"""Request, message, tool and response digests (R4, R5, the digest-mode tables)."""
+"""`/v1/chat/completions` (`apis/openai_chat.py`): its digests (R4, R5) and counters.
+
+The hashes are written out by hand from the rules, not computed by the code
+under test.  The SSE merge (R9) has its own file, `test_merge.py`, beside the
+NDJSON merge and the stream capture that share its builders.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from llmp.apis import api_by_name, api_name
+from llmp.apis.base import SERVER, CountHints
 from llmp.apis.openai_chat import OpenAIChat, message_digest, message_text
 from llmp.format import canonical
 from llmp.format.canonical import EMPTY_HASH, hash_bytes, hash_text
@@ -153,3 +159,67 @@ def test_response_digest() -> None:
     assert ollama is not None
     assert ollama["output"]["reasoning_chars"] == 2
     assert ollama["usage"] == {"model": "q", "done": True, "prompt_eval_count": 5}
+
+
+# -- the counters (docs/analysis.md §4) --------------------------------------------
+
+counts = OpenAIChat().counts
+
+
+def test_counts_llama_server_timings_first() -> None:
+    """llama-server: cache_n and prompt_n are the reuse and the work, its times the prefill's."""
+    c = counts(
+        {
+            "usage": {
+                "prompt_tokens": 237,
+                "completion_tokens": 35,
+                "prompt_tokens_details": {"cached_tokens": 200},
+            },
+            "timings": {"cache_n": 236, "prompt_n": 1, "prompt_ms": 12.5, "predicted_ms": 410},
+        },
+        CountHints(),
+    )
+    assert c.prompt_tokens == (237, SERVER)
+    assert c.completion_tokens == (35, SERVER)
+    assert c.reused_tokens == (236, SERVER)  # timings win over usage's cached_tokens
+    assert c.evaluated_tokens == (1, SERVER)
+    assert c.prefill_ms == (12.5, SERVER) and c.decode_ms == (410.0, SERVER)
+    assert c.load_ms is None
+
+
+def test_counts_cached_tokens_then_the_difference() -> None:
+    """vLLM, SGLang: cached_tokens is the reuse; the work is what is left of the prompt."""
+    c = counts(
+        {"usage": {"prompt_tokens": 100, "prompt_tokens_details": {"cached_tokens": 64}}},
+        CountHints(),
+    )
+    assert (c.reused_tokens, c.evaluated_tokens) == ((64, SERVER), (36, SERVER))
+    flat = counts({"usage": {"prompt_tokens": 100, "cached_tokens": 90}}, CountHints())
+    assert (flat.reused_tokens, flat.evaluated_tokens) == ((90, SERVER), (10, SERVER))
+
+
+def test_counts_deepseek_hit_and_miss() -> None:
+    c = counts(
+        {"usage": {"prompt_cache_hit_tokens": 30, "prompt_cache_miss_tokens": 5}}, CountHints()
+    )
+    assert c.prompt_tokens == (35, SERVER)
+    assert (c.reused_tokens, c.evaluated_tokens) == ((30, SERVER), (5, SERVER))
+
+
+def test_counts_prompt_from_timings_and_completion_from_predicted_n() -> None:
+    c = counts({"timings": {"cache_n": 10, "prompt_n": 4, "predicted_n": 7}}, CountHints())
+    assert c.prompt_tokens == (14, SERVER)
+    assert c.completion_tokens == (7, SERVER)
+
+
+def test_counts_refuse_what_is_not_a_non_negative_number() -> None:
+    """Absent, negative, boolean or text counters are "the server did not say"."""
+    c = counts(
+        {
+            "usage": {"prompt_tokens": -1, "completion_tokens": True},
+            "timings": {"cache_n": "5", "prompt_ms": -2.0, "predicted_ms": None},
+        },
+        CountHints(),
+    )
+    assert c.reported() == []
+    assert counts({"usage": "nope", "timings": []}, CountHints()).reported() == []

@@ -2,7 +2,7 @@
 
 The real `anthropic` and `openai` SDKs talk to a real llama-server (one slot,
 no host-memory cache) through two recorders in a chain, a digest one in front
-of a full one (`tests/e2e/test_new_apis.py`), for three turns on each API,
+of a full one (`tests/e2e/test_messages_and_responses.py`), for three turns on each API,
 streamed and not.  Every row's reused and evaluated counts must be the
 server's own counters as recorded, the merged replies must be what the SDKs
 assembled, and the digest recording's hashes those of the full bodies.
@@ -19,7 +19,9 @@ import anthropic
 import openai
 import pytest
 
-from tests.e2e.test_new_apis import (
+from tests.support.live_checks import analyze, value
+from tests.support.real import LlamaServer, real_server_marks
+from tests.support.sdk_chain import (
     CLAUDE_UA,
     CODEX_UA,
     blocks,
@@ -30,8 +32,6 @@ from tests.e2e.test_new_apis import (
     records,
     user_item,
 )
-from tests.support.live_checks import analyze, value
-from tests.support.real import LlamaServer, real_server_marks
 
 pytestmark = real_server_marks()
 

@@ -15,9 +15,9 @@ import pytest
 from llmp.analysis.render import sentence
 from llmp.cli import main
 from llmp.demo.fakes import Upstream
-from tests.analysis.test_html import Tree, check_self_contained, check_structure, collect_changes
 from tests.support import overflow_scenarios as osc
 from tests.support import scenarios as sc
+from tests.support.html_checks import Tree, check_self_contained, check_structure, collect_changes
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ what was recorded.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import math
@@ -26,16 +25,24 @@ import pytest
 
 from llmp import cli
 from llmp.apis import api_for
-from llmp.format import canonical
 from llmp.live.contract import SUMMARY_TAG, TURN_FIELDS, TURN_TAG
 from tests.support.live_checks import analyze, check_event, lost, value
-from tests.support.mitm import Mitmdump, wait_for_records
+from tests.support.mitm import Mitmdump
+from tests.support.sdk_chain import (
+    CLAUDE_UA,
+    CODEX_UA,
+    blocks,
+    chain,
+    check_digests,
+    completed,
+    plain,
+    records,
+    user_item,
+)
 from tests.support.upstreams import LLAMA_MODEL_FILE, Upstream
 
 pytestmark = pytest.mark.e2e
 
-CLAUDE_UA = "claude-cli/2.1.328 (external, sdk-cli)"
-CODEX_UA = "codex_exec/0.169.0 (Debian 12.0.0; x86_64) xterm (codex_exec; 0.169.0)"
 MARK = "MARKER-newapi-8Qx"  # in every message; in no live output
 EPHEMERAL: Any = {"type": "ephemeral"}
 INSTRUCTIONS = f"You are an interactive CLI tool ({MARK}). " + "Read before you edit. " * 120
@@ -87,71 +94,10 @@ ENVIRONMENT: Any = {
 }
 
 
-def user_item(text: str) -> Any:
-    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-
-
 @pytest.fixture(scope="module")
 def llama() -> Iterator[Upstream]:
     with Upstream("llama") as up:
         yield up
-
-
-@contextlib.contextmanager
-def chain(
-    upstream: str, tmp: Path, front: dict[str, str] | None = None
-) -> Iterator[tuple[Mitmdump, Path, Path]]:
-    """A digest recorder in front of a full recorder in front of the fake: each exchange is
-    recorded both ways from the same bytes."""
-    digest, full = tmp / "digest.jsonl", tmp / "full.jsonl"
-    with Mitmdump(upstream, full, {"llmp_body": "full"}, log_path=tmp / "full.log") as back:
-        opts = {"llmp_body": "digest", **(front or {})}
-        with Mitmdump(back.url, digest, opts, log_path=tmp / "digest.log") as md:
-            yield md, digest, full
-
-
-def records(path: Path, n: int) -> list[dict[str, Any]]:
-    """The recording's records by id, read keeping number text (R2)."""
-    wait_for_records(path, n)
-    recs = [canonical.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
-    return sorted(recs, key=lambda r: r["id"])
-
-
-def plain(value: Any) -> Any:
-    """A canonical value as plain JSON (numbers as Python numbers)."""
-    return json.loads(canonical.dumps(value))
-
-
-def check_digests(digest: list[dict[str, Any]], full: list[dict[str, Any]]) -> None:
-    """The digest records' hashes and counters are those of the full records' bodies."""
-    assert [d["id"] for d in digest] == [f["id"] for f in full]
-    for d, f in zip(digest, full, strict=True):
-        req, resp = d["request"], d["response"]
-        assert req["path"] == f["request"]["path"]
-        api = api_for(req["method"], req["path"])
-        if api is None:
-            assert req["digest"] is None and resp["digest"] is None
-            continue
-        assert req["body"] is None and resp["body"] is None  # no text in a digest record
-        assert plain(req["digest"]) == plain(api.request_digest(f["request"]["body"]))
-        if resp["status"] == 200:
-            assert plain(resp["digest"]) == plain(api.response_digest(f["response"]["body"]))
-        for key in ("t_first_byte_ms", "t_first_event_ms"):
-            assert (d[key] is None) == (f[key] is None), (d["id"], key)
-
-
-def blocks(content: Any) -> list[dict[str, Any]]:
-    """Content blocks without null fields (the SDK's models add some)."""
-    return [
-        {k: v for k, v in b.items() if v is not None}
-        for b in (x if isinstance(x, dict) else x.model_dump() for x in content)
-    ]
-
-
-def completed(stream: Any) -> Any:
-    """The response of a `responses.create(stream=True)` stream's `response.completed`."""
-    (response,) = [e.response for e in stream if e.type == "response.completed"]
-    return response
 
 
 def upstream_events(up: Upstream, index: int) -> list[dict[str, Any]]:
