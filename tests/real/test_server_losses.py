@@ -230,3 +230,48 @@ def html_page(path: Path, page: Path) -> None:
     from llmp.cli import main
 
     assert main(["analyze", str(path), "--html", str(page)]) == 0
+
+
+def test_llama_server_defaults_lose_nothing_to_side_calls_or_a_second_agent(
+    tmp_path: Path,
+) -> None:
+    """llama-server's defaults (4 slots, an 8 GiB host-memory prompt cache): two agents
+    taking turns, each turn followed by a title side-call, reuse their whole prefix
+    every time, and llmp says nothing was lost (wire-formats.md, "What each server's
+    cache does")."""
+    from tests.support.real import llama_paths
+
+    found = llama_paths()
+    assert not isinstance(found, str)
+    with LlamaServer(
+        ctx=16384, parallel=None, cache_ram=None, log_path=tmp_path / "llama.log"
+    ) as server:
+
+        def drive(client: Any, case: Case) -> None:
+            agents = [
+                [{"role": "system", "content": INTRO + rules(8, start=i * 8)}] for i in (0, 1)
+            ]
+            for step in range(3):
+                for i, messages in enumerate(agents):
+                    messages.append({"role": "user", "content": log_lines(4, minute=step * 10 + i)})
+                    reply = turn(client, messages)
+                    messages.append({"role": "assistant", "content": reply})
+                    turn(  # a title side-call
+                        client,
+                        [
+                            {"role": "system", "content": "Write a title of at most five words."},
+                            {"role": "user", "content": messages[1]["content"]},
+                        ],
+                    )
+
+        case = record(server, tmp_path, "defaults", drive)
+    for mode in ("digest", "tokenized"):
+        report = case.reports[mode]
+        turns = [r for r in report["rows"] if r["kind"] == "turn" and r["linked_to"] is not None]
+        # The second agent's first turn is still taken for a side-call (one SDK user-agent
+        # for both: issue 30); its later turns link, and nothing is charged either way.
+        assert len(turns) >= 3, [(r["id"], r["kind"], r["linked_to"]) for r in report["rows"]]
+        assert report["time"]["lost_tokens"] == 0, report["time"]
+        assert report["time"]["by_cause"] == {}
+        losses = {"side_call_on_conversation_model", "other_conversation_eviction"}
+        assert not [f for f in report["findings"] if f["kind"] in losses]

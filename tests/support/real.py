@@ -128,7 +128,7 @@ class LlamaServer:
         self,
         *,
         ctx: int = 512,
-        parallel: int = 1,
+        parallel: int | None = 1,
         threads: int = 2,
         cache_ram: int | None = 0,
         extra_args: Sequence[str] = (),
@@ -166,13 +166,13 @@ class LlamaServer:
             "127.0.0.1",
             "--port",
             str(self.port),
-            "-np",
-            str(self.parallel),
             "-c",
             str(self.ctx),
             "-t",
             str(self.threads),
         ]
+        if self.parallel is not None:  # None: the server's own default (auto, 4 slots)
+            cmd += ["-np", str(self.parallel)]
         if self.cache_ram is not None and supports(server, "--cache-ram"):
             cmd += ["--cache-ram", str(self.cache_ram)]
         for flag in ("--offline", "--no-warmup"):
