@@ -107,12 +107,7 @@ def llama_counts(top: LlamaTop) -> Counts:
         completion = timings.predicted_n
         if completion is not None and completion < 0:
             completion = None
-    c = Counts(
-        None if prompt is None else (prompt, SERVER),
-        None if completion is None else (completion, SERVER),
-        None if reused is None else (reused, SERVER),
-        None if evaluated is None else (evaluated, SERVER),
-    )
+    c = Counts.server(prompt, completion, reused, evaluated)
     if pm is not None and pm >= 0:
         c.prefill_ms = (pm, SERVER)
     if dm is not None and dm >= 0:

@@ -25,7 +25,6 @@ from llmp.apis.base import (
 from llmp.apis.openai_chat import timings_into
 from llmp.format import canonical
 from llmp.format.canonical import dumps
-from llmp.format.measure import SERVER
 from llmp.format.schema import (
     MessageDigest,
     ResponseDigest,
@@ -252,12 +251,7 @@ def anthropic_counts(top: dict[str, Any]) -> Counts:
     completion = nonneg(usage, "output_tokens")
     evaluated = None if inp is None else inp + (created or 0)
     prompt = None if evaluated is None else evaluated + (read or 0)
-    c = Counts(
-        None if prompt is None else (prompt, SERVER),
-        None if completion is None else (completion, SERVER),
-        None if read is None else (read, SERVER),
-        None if evaluated is None else (evaluated, SERVER),
-    )
+    c = Counts.server(prompt, completion, read, evaluated)
     timings = top.get("timings")
     if type(timings) is dict:
         timings_into(c, timings)

@@ -95,6 +95,22 @@ class Counts:
     # Not in the report: how Ollama's prompt_eval_count was read.
     meaning: str | None = None
 
+    @classmethod
+    def server(
+        cls,
+        prompt: float | None,
+        completion: float | None,
+        reused: float | None,
+        evaluated: float | None,
+    ) -> Counts:
+        """The four token counters as the server reported them (None: it did not say)."""
+        return cls(
+            None if prompt is None else (prompt, SERVER),
+            None if completion is None else (completion, SERVER),
+            None if reused is None else (reused, SERVER),
+            None if evaluated is None else (evaluated, SERVER),
+        )
+
     def reported(self) -> list[str]:
         """The fields the server itself reported."""
         return [f for f in FIELDS if (v := getattr(self, f)) is not None and v[1] == SERVER]

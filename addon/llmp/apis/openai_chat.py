@@ -259,12 +259,7 @@ def openai_counts(top: dict[str, Any]) -> Counts:
     completion = nonneg(usage, "completion_tokens")
     if completion is None:
         completion = nonneg(timings, "predicted_n")
-    c = Counts(
-        None if prompt is None else (prompt, SERVER),
-        None if completion is None else (completion, SERVER),
-        None if reused is None else (reused, SERVER),
-        None if evaluated is None else (evaluated, SERVER),
-    )
+    c = Counts.server(prompt, completion, reused, evaluated)
     timings_into(c, timings)
     return c
 

@@ -21,7 +21,6 @@ from llmp.apis.base import (
 )
 from llmp.apis.openai_chat import timings_into
 from llmp.format.canonical import dumps
-from llmp.format.measure import SERVER
 from llmp.format.schema import (
     MessageDigest,
     Params,
@@ -231,12 +230,7 @@ def responses_counts(top: dict[str, Any]) -> Counts:
     cached = nonneg(details, "cached_tokens") if type(details) is dict else None
     evaluated = None if prompt is None or cached is None else max(0, prompt - cached)
     completion = nonneg(usage, "output_tokens")
-    c = Counts(
-        None if prompt is None else (prompt, SERVER),
-        None if completion is None else (completion, SERVER),
-        None if cached is None else (cached, SERVER),
-        None if evaluated is None else (evaluated, SERVER),
-    )
+    c = Counts.server(prompt, completion, cached, evaluated)
     timings = top.get("timings")
     if type(timings) is dict:
         timings_into(c, timings)
