@@ -76,7 +76,11 @@ def _assert_common(rec: dict[str, Any]) -> None:
     assert rec["v"] == 1
     assert isinstance(rec["id"], int) and rec["id"] >= 1
     assert isinstance(rec["conn"], int) and rec["conn"] >= 1
-    assert rec["tokens"] is None
+    tokens = rec["tokens"]  # the upstream tokenizer's counts (llmp_tokenize), or none
+    if tokens is not None:
+        assert set(tokens) == {"messages", "tools"}
+        for part in tokens.values():
+            assert all(type(n) is int and n >= 0 for n in part.values())
     assert rec["t_start_ms"] <= rec["t_end_ms"]
     if rec["t_first_byte_ms"] is not None:
         assert rec["t_start_ms"] <= rec["t_first_byte_ms"] <= rec["t_end_ms"]

@@ -527,7 +527,7 @@ def test_client_error_is_not_retried(fixture: Fixture, server: FakeServer) -> No
 def test_keyboard_interrupt_in_a_worker(
     fixture: Fixture, server: FakeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_post = tokenize._Tokenizer._post
+    real_post = tokenize.Tokenizer._post
     calls: list[int] = []
 
     def post(self: Any, payload: bytes) -> httpx.Response:
@@ -536,7 +536,7 @@ def test_keyboard_interrupt_in_a_worker(
             raise KeyboardInterrupt
         return real_post(self, payload)
 
-    monkeypatch.setattr(tokenize._Tokenizer, "_post", post)
+    monkeypatch.setattr(tokenize.Tokenizer, "_post", post)
     with pytest.raises(KeyboardInterrupt):
         enrich_file(fixture.path, server.url, concurrency=2, progress=False)
     assert_untouched(fixture)

@@ -142,7 +142,7 @@ def run(llama: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> Run:
     inner = Mitmdump(
         llama.url,
         result.digest_path,
-        {"llmp_body": "digest"},
+        {"llmp_body": "digest", "llmp_tokenize": "true"},
         record_option="llmp_file",
         log_path=tmp / "mitm-digest.log",
     )
@@ -150,7 +150,7 @@ def run(llama: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> Run:
         outer = Mitmdump(
             inner.url,
             result.full_path,
-            {"llmp_body": "full"},
+            {"llmp_body": "full", "llmp_tokenize": "false"},  # its upstream is a recorder
             record_option="llmp_file",
             log_path=tmp / "mitm-full.log",
         )
@@ -196,7 +196,13 @@ def test_one_record_per_exchange(run: Run) -> None:
             assert rec["request"]["path"] == "/v1/chat/completions"
             assert rec["request"]["headers"]["user-agent"].startswith("OpenAI/Python")
             assert "authorization" not in rec["request"]["headers"]
-            assert rec["tokens"] is None
+    # The digest recorder sits in front of llama-server: its records carry the server's
+    # counts (llmp_tokenize); the full one, in front of a recorder, asks nobody.
+    assert all(rec["tokens"] is None for rec in run.full)
+    for rec in run.digest:
+        if rec["response"]["status"] == 200:
+            hashes = {m["hash"] for m in rec["request"]["digest"]["messages"]}
+            assert set(rec["tokens"]["messages"]) == hashes
     for i in (*STREAMED, SIDE):
         _settled(run.full[i])
         _settled(run.digest[i])

@@ -81,6 +81,10 @@ class Mitmdump:
         self.upstream_url = upstream_url
         self.record_path = record_path
         self.options = dict(options or {})
+        if script is not None:
+            # The recorder's own /tokenize calls (llmp_tokenize, on by default) would be
+            # exchanges in a fake's log, which most tests count: on where a test asks.
+            self.options.setdefault("llmp_tokenize", "false")
         self.mode = mode
         self.script = Path(script) if script is not None else None
         self.wait_ready = wait_ready

@@ -138,11 +138,18 @@ def record(server: LlamaServer, tmp: Path, name: str, drive: Callable[[Any, Case
     case = Case(name)
     full_path, digest_path = tmp / f"{name}-full.jsonl", tmp / f"{name}-digest.jsonl"
     inner = Mitmdump(
-        server.url, digest_path, {"llmp_body": "digest"}, log_path=tmp / f"{name}-digest.log"
+        server.url,
+        digest_path,
+        {"llmp_body": "digest", "llmp_tokenize": "true"},
+        log_path=tmp / f"{name}-digest.log",
     )
     with inner:
         outer = Mitmdump(
-            inner.url, full_path, {"llmp_body": "full"}, log_path=tmp / f"{name}-full.log"
+            inner.url,
+            full_path,
+            # Its upstream is the other recorder: its token counts would be records there.
+            {"llmp_body": "full", "llmp_tokenize": "false"},
+            log_path=tmp / f"{name}-full.log",
         )
         with outer:
             client = openai.OpenAI(

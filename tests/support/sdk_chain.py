@@ -33,7 +33,8 @@ def chain(
     recorded both ways from the same bytes."""
     digest, full = tmp / "digest.jsonl", tmp / "full.jsonl"
     with Mitmdump(upstream, full, {"llmp_body": "full"}, log_path=tmp / "full.log") as back:
-        opts = {"llmp_body": "digest", **(front or {})}
+        # Its upstream is the other recorder: its token counts would be records there.
+        opts = {"llmp_body": "digest", "llmp_tokenize": "false", **(front or {})}
         with Mitmdump(back.url, digest, opts, log_path=tmp / "digest.log") as md:
             yield md, digest, full
 

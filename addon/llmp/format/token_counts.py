@@ -72,6 +72,7 @@ __all__ = [
     "EnrichResult",
     "Targets",
     "TokenizeError",
+    "Tokenizer",
     "enrich_file",
     "normalize_url",
     "tokenize_payload",
@@ -80,6 +81,11 @@ __all__ = [
 
 class TokenizeError(Exception):
     """Enriching failed; the message is one line for the user, the file is untouched."""
+
+    def __init__(self, message: str, *, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing
+        """The server has no tokenize endpoint at all (asking again is pointless)."""
 
 
 @dataclass(frozen=True)
@@ -296,7 +302,7 @@ def _reason(exc: BaseException) -> str:
     return text.splitlines()[0]
 
 
-class _Tokenizer:
+class Tokenizer:
     """One server, one connection pool, shared by the worker threads."""
 
     def __init__(
@@ -351,7 +357,8 @@ class _Tokenizer:
             if status in (404, 405, 501):
                 raise TokenizeError(
                     f"{self.base} has no tokenize endpoint (POST /tokenize gave HTTP {status}); "
-                    "Ollama has none: point --tokenize at a llama-server"
+                    "Ollama has none: point --tokenize at a llama-server",
+                    missing=True,
                 )
             if status >= 500 or status in (408, 429):
                 last = f"HTTP {status}"
@@ -414,7 +421,7 @@ def _progress_bar(total: int, enabled: bool) -> Iterator[Callable[[], None]]:
 
 
 def _count_all(
-    tok: _Tokenizer, texts: list[str], concurrency: int, advance: Callable[[], None]
+    tok: Tokenizer, texts: list[str], concurrency: int, advance: Callable[[], None]
 ) -> dict[str, int]:
     """Count every text, at most `concurrency` requests in flight.
 
@@ -719,7 +726,7 @@ def enrich_file(
             texts = list(
                 dict.fromkeys(t for t in (*scan.messages.values(), *scan.tools.values()) if t)
             )
-            tok = _Tokenizer(
+            tok = Tokenizer(
                 base, timeout=timeout, retries=retries, backoff=backoff, pool=concurrency
             )
             try:

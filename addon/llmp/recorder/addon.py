@@ -240,6 +240,8 @@ class Recorder:
             raw_path=data.path,
             request_fields=data.headers.fields,
         )
+        if self.settings is not None and self.settings.tokenize and data.method == b"POST":
+            cap.tokenize = f"{req.scheme}://{req.host}:{req.port}"
         flow.metadata[_STATE] = cap
         self._inflight[cap.id] = cap
 

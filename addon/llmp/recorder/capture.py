@@ -95,6 +95,9 @@ class Capture:
     raw_path: bytes | None = None
     request_fields: HeaderFields | None = None
     response_fields: HeaderFields | None = None
+    tokenize: str | None = None
+    """The upstream's base URL when the record is to carry its token counts
+    (`llmp_tokenize`); the builder asks it, never the client's path."""
     tapped: bool = False
     """A `stream_tap` keeps the pieces: the byte counts, tail and first-byte time
     are `settle`'s to work out (until the limit is reached, see `past_limit`)."""

@@ -37,6 +37,7 @@ from llmp.recorder.builder import (
     write_buffers,
 )
 from llmp.recorder.record import build_line
+from llmp.recorder.tokens import RecordTokens
 
 log = logging.getLogger("llmp")
 
@@ -104,6 +105,7 @@ class _Child:
 
     def __init__(self, terminal: LineSink) -> None:
         self.view: LiveView | None = None
+        self.counter = RecordTokens()  # the records' token counts (`llmp_tokenize`)
         self.terminal = terminal
         self.handler = SinkHandler(terminal)
 
@@ -116,7 +118,7 @@ class _Child:
             if data is None:
                 raise OSError("could not read the exchange's bodies from the proxy")
             cap, mode = read_capture(request, data)
-            line = build_line(cap, mode)
+            line = build_line(cap, mode, self.counter)
             view = self.view
             if view is not None:
                 view.body = mode

@@ -54,6 +54,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec("llmp_limit", int, LIMIT, "Recording limit per body, in bytes."),
     OptionSpec(
+        "llmp_tokenize",
+        bool,
+        True,
+        "Count each new chat message once with the upstream's /tokenize (llama-server), off "
+        "the client's path, into the record's `tokens`; false: never ask.",
+    ),
+    OptionSpec(
         "llmp_connect_timeout",
         str,  # mitmproxy options have no float type; parsed by validate()
         CONNECT_TIMEOUT,
@@ -114,6 +121,7 @@ class Settings:
     body: str
     rotate: str
     limit: int
+    tokenize: bool
     connect_timeout: float
     live: bool
     live_warn_ms: int
@@ -150,6 +158,9 @@ def validate(values: dict[str, Any]) -> Settings:
     if timeout > 3600:
         raise OptionError(f"llmp_connect_timeout must be at most 3600 seconds, not {timeout!r}")
     path = str(values.get("llmp_file") or "").strip() or default_file()
+    tokenize = values["llmp_tokenize"]
+    if not isinstance(tokenize, bool):
+        raise OptionError(f"llmp_tokenize must be true or false, not {tokenize!r}")
     live = values["llmp_live"]
     if not isinstance(live, bool):
         raise OptionError(f"llmp_live must be true or false, not {live!r}")
@@ -180,6 +191,7 @@ def validate(values: dict[str, Any]) -> Settings:
         body=body,
         rotate=rotate,
         limit=int(limit),
+        tokenize=tokenize,
         connect_timeout=float(timeout),
         live=live,
         live_warn_ms=warn["llmp_live_warn_ms"],

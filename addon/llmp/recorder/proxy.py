@@ -40,6 +40,7 @@ FLAG_FOR_OPTION: dict[str, str] = {
     "llmp_rotate": "--rotate",
     "llmp_limit": "--limit",
     "llmp_connect_timeout": "--connect-timeout",
+    "llmp_tokenize": "--no-tokenize",
     "llmp_live": "--no-live",
     "llmp_live_warn_ms": "--warn-ms",
     "llmp_live_warn_tokens": "--warn-tokens",
@@ -238,6 +239,7 @@ def build_config(args: argparse.Namespace) -> ProxyConfig:
     if args.connect_timeout is not None:
         values["llmp_connect_timeout"] = parse_seconds(args.connect_timeout)
     values["llmp_live"] = not args.no_live
+    values["llmp_tokenize"] = not args.no_tokenize
     if args.warn_ms is not None:
         values["llmp_live_warn_ms"] = parse_count(args.warn_ms, "--warn-ms")
     if args.warn_tokens is not None:
@@ -470,6 +472,11 @@ def add_recorder_flags(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="upstream connect timeout before recording `timeout` "
         f"(default {llmp_options.CONNECT_TIMEOUT})",
+    )
+    parser.add_argument(
+        "--no-tokenize",
+        action="store_true",
+        help="do not ask the upstream's /tokenize for each new message's token count",
     )
     parser.add_argument(
         "--no-live",

@@ -96,7 +96,10 @@ def _object_digest(fn: Any) -> Any:
     return lambda body: fn(body) if isinstance(body, dict) else None
 
 
-def _request_part(cap: Capture, mode: str, api: ChatApi | None) -> dict[str, Any]:
+def _request_part(
+    cap: Capture, mode: str, api: ChatApi | None
+) -> tuple[dict[str, Any], bytes | None]:
+    """The record's request, and its decoded body (None when it was too large)."""
     part: dict[str, Any] = {
         "method": cap.method,
         "path": cap.path,
@@ -107,7 +110,7 @@ def _request_part(cap: Capture, mode: str, api: ChatApi | None) -> dict[str, Any
         "digest": None,
     }
     if cap.request_body is None:  # too large: forwarded, not stored (R12)
-        return part
+        return part, None
     try:
         data = b"".join(decoded_pieces([cap.request_body], cap.request_encoding))
     except ValueError:
@@ -115,9 +118,9 @@ def _request_part(cap: Capture, mode: str, api: ChatApi | None) -> dict[str, Any
     if mode != FULL and api is not None:
         # The digest only: messages sent before are looked up, not parsed again.
         part["digest"] = api.request_digest_bytes(data) if data else None
-        return part
+        return part, data
     part.update(_store_body(data, mode, None))
-    return part
+    return part, data
 
 
 def _response_part(
@@ -227,12 +230,34 @@ def _head(pieces: list[bytes], size: int = 65536) -> bytes:
     return head
 
 
-def build_record(cap: Capture, mode: str) -> dict[str, Any]:
-    """The recording v1 record for one finished exchange."""
+def _token_counts(
+    cap: Capture, api: ChatApi | None, request: dict[str, Any], data: bytes | None, counter: Any
+) -> dict[str, Any] | None:
+    """The upstream tokenizer's counts of a chat request's messages (`recorder.tokens`)."""
+    if counter is None or api is None or cap.tokenize is None or not data:
+        return None
+    if cap.status is None or not 200 <= cap.status < 300:
+        return None
+    body = request["body"]
+    if body is None:
+        try:
+            body = canonical.loads(data)
+        except canonical.NotJSON:
+            return None
+    counts: dict[str, Any] | None = counter.counts(cap.tokenize, api, body)
+    return counts
+
+
+def build_record(cap: Capture, mode: str, counter: Any = None) -> dict[str, Any]:
+    """The recording v1 record for one finished exchange.
+
+    `counter` (a `recorder.tokens.RecordTokens`, in the builder child) fills `tokens`.
+    """
     cap.settle()  # what the client's path left raw: headers, counts (`Capture.settle`)
     api = api_for(cap.method, cap.path)
-    request = _request_part(cap, mode, api)
+    request, data = _request_part(cap, mode, api)
     response, first_event = _response_part(cap, mode, api)  # may clear the error (R29)
+    tokens = _token_counts(cap, api, request, data, counter)
     return {
         "v": RECORD_VERSION,
         "id": cap.id,
@@ -244,7 +269,7 @@ def build_record(cap: Capture, mode: str) -> dict[str, Any]:
         "request": request,
         "response": response,
         "error": cap.error,
-        "tokens": None,
+        "tokens": tokens,
     }
 
 
@@ -255,10 +280,10 @@ def fallback_record(cap: Capture, mode: str) -> dict[str, Any]:
     return build_record(stripped, mode)
 
 
-def build_line(cap: Capture, mode: str) -> bytes:
+def build_line(cap: Capture, mode: str, counter: Any = None) -> bytes:
     """The record's JSON line; without bodies when building the real one failed."""
     try:
-        return canonical.record_dumps(build_record(cap, mode)) + b"\n"
+        return canonical.record_dumps(build_record(cap, mode, counter)) + b"\n"
     except Exception:
         log.exception("llmp: could not build record %s; writing it without bodies", cap.id)
         return canonical.record_dumps(fallback_record(cap, mode)) + b"\n"

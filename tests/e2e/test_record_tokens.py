@@ -1,0 +1,116 @@
+"""Token counts at record time (`llmp_tokenize`, recorder/tokens.py), through the real mitmdump.
+
+The fake llama-server answers `/tokenize` with a token per 4 characters; the fake
+Ollama has no such endpoint.  A digest record carries the counts of its messages
+and tools by hash (never their text), each hash is asked once, and an upstream
+without the endpoint gives records without counts and no error.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from llmp.apis.openai_chat import OpenAIChat
+from llmp.format import canonical
+from tests.support.mitm import Mitmdump, wait_for_records
+from tests.support.upstreams import Upstream
+
+pytestmark = pytest.mark.e2e
+
+ON = {"llmp_tokenize": "true"}  # the product's default; the test helper's is off
+
+SYSTEM = "You are terse. The secret word is marmalade."
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
+
+def _chat(url: str, turns: int) -> None:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="sk-never-written", max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    for i in range(turns):
+        messages.append({"role": "user", "content": f"question {i} about the weather in Oslo"})
+        out = client.chat.completions.create(
+            model="smol",
+            messages=messages,
+            tools=TOOLS,
+            max_tokens=8,  # type: ignore[arg-type]
+        )
+        messages.append({"role": "assistant", "content": out.choices[0].message.content or ""})
+    client.close()
+
+
+def _tokenize_requests(up: Upstream) -> int:
+    return sum(1 for ex in up.log if ex.path == "/tokenize")
+
+
+def test_digest_records_carry_the_upstreams_counts(tmp_path: Path) -> None:
+    rec = tmp_path / "rec.jsonl"
+    with Upstream("llama") as up, Mitmdump(up.url, rec, ON) as proxy:
+        _chat(proxy.url, 3)
+        records = wait_for_records(rec, 3)
+        asked = _tokenize_requests(up)
+        chats = [ex for ex in up.log if ex.path == "/v1/chat/completions"]
+        bodies = [canonical.loads(ex.request_body) for ex in chats]
+    api = OpenAIChat()
+    distinct: set[str] = set()
+    for record, body in zip(records, bodies, strict=True):
+        messages, tools = api.count_targets(body)
+        distinct |= {k for k, t in (messages | tools).items() if t}
+        tokens = record["tokens"]
+        assert tokens is not None, record
+        # The fake's tokenizer: one token per 4 characters of the counted text.
+        assert tokens["messages"] == {k: math.ceil(len(t) / 4) for k, t in messages.items()}
+        assert tokens["tools"] == {k: math.ceil(len(t) / 4) for k, t in tools.items()}
+        hashes = [m["hash"] for m in record["request"]["digest"]["messages"]]
+        assert set(tokens["messages"]) == set(hashes)
+    # Each distinct text asked once (an empty one is 0 without asking): the system
+    # message, three questions and the tool; the fake's replies here are tool calls.
+    assert asked == len(distinct) >= 5
+    text = rec.read_text()
+    assert "marmalade" not in text and "Oslo" not in text and "sk-never-written" not in text
+
+
+def test_off_and_an_upstream_without_a_tokenizer_give_no_counts(tmp_path: Path) -> None:
+    rec = tmp_path / "off.jsonl"
+    with Upstream("llama") as up, Mitmdump(up.url, rec, {"llmp_tokenize": "false"}) as proxy:
+        _chat(proxy.url, 2)
+        records = wait_for_records(rec, 2)
+        assert _tokenize_requests(up) == 0
+    assert [r["tokens"] for r in records] == [None, None]
+
+    rec = tmp_path / "ollama.jsonl"
+    with Upstream("ollama") as up, Mitmdump(up.url, rec, ON) as proxy:
+        _chat(proxy.url, 2)  # Ollama's OpenAI-style endpoint; it has no /tokenize
+        records = wait_for_records(rec, 2)
+        missing = _tokenize_requests(up)
+    assert [r["tokens"] for r in records] == [None, None]
+    assert [r["error"] for r in records] == [None, None]
+    assert missing == 1  # asked once, then never again
+
+
+def test_the_analyzer_reads_the_counts_as_the_tokenizers(tmp_path: Path) -> None:
+    from llmp.analysis import analyze
+
+    rec = tmp_path / "rec.jsonl"
+    with Upstream("llama") as up, Mitmdump(up.url, rec, ON) as proxy:
+        _chat(proxy.url, 2)
+        wait_for_records(rec, 2)
+    result = analyze([str(rec)])
+    try:
+        rows = result.report()["rows"]
+    finally:
+        result.close()
+    assert rows[1]["composition"]["system"]["source"] == "tokenizer"
