@@ -44,9 +44,9 @@ def _chat(url: str, turns: int) -> None:
         messages.append({"role": "user", "content": f"question {i} about the weather in Oslo"})
         out = client.chat.completions.create(
             model="smol",
-            messages=messages,
-            tools=TOOLS,
-            max_tokens=8,  # type: ignore[arg-type]
+            messages=messages,  # type: ignore[arg-type]
+            tools=TOOLS,  # type: ignore[arg-type]
+            max_tokens=8,
         )
         messages.append({"role": "assistant", "content": out.choices[0].message.content or ""})
     client.close()
