@@ -176,14 +176,15 @@ def test_input_items_of_codex() -> None:
     dev = msgs[0]
     assert dev["hash"] == h(
         '["developer",{"content":[{"text":"You are Codex.","type":"input_text"}],'
-        '"id":"msg_dev","role":"developer","type":"message"},null,null,null]'
+        '"role":"developer","type":"message"},null,null,null]'
     )
     assert dev["chars"] == len("You are Codex.")
     reasoning = msgs[3]
     assert reasoning["chars"] == len("Plan: run ls")
     assert reasoning["head"] == hash_text("Plan: run ls")
     call = msgs[4]
-    assert call["hash"] == h(f'["function_call",{CALL_CANON},null,null,null]')
+    hashed = CALL_CANON.replace('"id":"fc_1",', "")  # R30: the `id` leaves the hash
+    assert call["hash"] == h(f'["function_call",{hashed},null,null,null]')
     assert call["chars"] == len(CALL_CANON)
     assert call["head"] == hash_text(CALL_CANON)
     assert call["tool_calls"] == [{"id": "call_1", "name": "exec_command"}]
@@ -208,11 +209,22 @@ def test_input_items_of_codex() -> None:
     ]
 
 
-def test_the_whole_item_is_hashed() -> None:
-    """Unlike a chat message, every key of an item is part of its identity."""
+def test_the_whole_item_is_hashed_but_its_id() -> None:
+    """Unlike a chat message, every key of an item is part of its identity, but the
+    `id` the server never renders and Codex renews after a compaction (R30)."""
     a = digest({"input": [PROMPT]})["messages"][0]["hash"]
     b = digest({"input": [{**PROMPT, "id": "msg_9"}]})["messages"][0]["hash"]
-    assert a != b
+    c = digest({"input": [{**PROMPT, "id": "msg_10"}]})["messages"][0]["hash"]
+    d = digest({"input": [{**PROMPT, "status": "completed"}]})["messages"][0]["hash"]
+    assert a == b == c != d
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    e = digest({"input": [{**call, "id": "fc_1"}]})["messages"][0]
+    f = digest({"input": [{**call, "id": "fc_2"}]})["messages"][0]
+    g = digest({"input": [{**call, "id": "fc_1", "call_id": "c2"}]})["messages"][0]
+    assert e["hash"] == f["hash"] != g["hash"]  # `call_id` is what the model sees
+    assert e["chars"] == len(
+        canonical.dumps({**call, "id": "fc_1"}).decode()
+    )  # the text keeps the `id`
     assert a == h(
         '["user",{"content":[{"text":"List files","type":"input_text"}],'
         '"role":"user","type":"message"},null,null,null]'

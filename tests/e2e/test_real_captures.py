@@ -16,10 +16,6 @@ row's reused and evaluated tokens equal to the server's own counters
 (``timings``, or the API's usage), the digests equal to those of the full
 bodies, the same verdicts in both modes; then the facts known from the
 captures (docs/real-harness.md, "Five harnesses, replayed").
-
-The ``xfail(strict=True)`` cases are verdicts the analyzer still gets wrong
-on this traffic; each names the fix proposed. When one is fixed the test
-fails as XPASS: drop the mark.
 """
 
 from __future__ import annotations
@@ -302,16 +298,13 @@ def test_codex_compaction_is_a_summarise_side_call(outcomes: Outcomes) -> None:
 
 
 @e2e
-@pytest.mark.xfail(
-    strict=True,
-    reason="R25 hashes the whole Responses item, with the `id` Codex renews after a "
-    "compaction; proposed: leave `id` out of an item's hash (docs/real-harness.md)",
-)
 def test_codex_turn_after_compaction_continues_the_conversation(outcomes: Outcomes) -> None:
-    """codex-3 #3 resends #1's whole prompt (the server reused 4583 of #1's 4586 tokens)."""
-    rows = outcomes["codex-3"].rows("full")
-    assert (rows[3]["conversation"], rows[3]["linked_to"]) == (1, 1)
-    assert not rows[3]["new_conversation"]
+    """codex-3 #3 resends #1's whole prompt with every item `id` renewed (the server
+    reused 4583 of #1's 4586 tokens); R30 leaves the `id` out of an item's hash."""
+    for mode in MODES:
+        rows = outcomes["codex-3"].rows(mode)
+        assert (rows[3]["conversation"], rows[3]["linked_to"]) == (1, 1)
+        assert not rows[3]["new_conversation"]
 
 
 @e2e

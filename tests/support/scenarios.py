@@ -232,10 +232,13 @@ class Traffic:
         t_end: int,
         error: str | None = None,
         conn: int = 1,
+        headers: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        headers: dict[str, str] = {"content-type": "application/json"}
+        """`headers`: more request headers, as the recorder keeps them (R32)."""
+        kept: dict[str, str] = {"content-type": "application/json"}
         if ua is not None:
-            headers["user-agent"] = ua
+            kept["user-agent"] = ua
+        kept.update(headers or {})
         req_bytes = len(record_dumps(body)) if body is not None else 0
         response = None
         if status:
@@ -266,7 +269,7 @@ class Traffic:
             "request": {
                 "method": method,
                 "path": path,
-                "headers": headers,
+                "headers": kept,
                 "body_bytes": req_bytes,
                 "body": body,
                 "body_text": None,
@@ -288,6 +291,7 @@ class Traffic:
         reply: dict[str, Any],
         *,
         at: int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """One chat exchange through the server; the clock moves past it."""
         ollama = isinstance(server, OllamaServer)
@@ -316,6 +320,7 @@ class Traffic:
             t_start=t_start,
             t_first=t_first,
             t_end=t_end,
+            headers=headers,
         )
         if at is None:
             self.t = t_end + self.think_ms
@@ -486,6 +491,8 @@ class Agent:
     messages: list[dict[str, Any]] = field(default_factory=list)
     stream: bool = True
     params: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    """Request headers beside the user-agent, as recorded (R32: session values hashed)."""
 
     def __post_init__(self) -> None:
         if not self.messages and self.system:
@@ -505,7 +512,9 @@ class Agent:
         return body
 
     def send(self, reply: dict[str, Any], **extra: Any) -> dict[str, Any]:
-        rec = self.traffic.chat(self.server, self.ua, self.body(**extra), reply)
+        rec = self.traffic.chat(
+            self.server, self.ua, self.body(**extra), reply, headers=self.headers
+        )
         self.messages.append(reply)
         return rec
 
@@ -556,7 +565,7 @@ class Agent:
             body["tools"] = copy.deepcopy(self.tools)
         body.update(extra)
         return self.traffic.chat(
-            self.server, self.ua, body, {"role": "assistant", "content": answer}
+            self.server, self.ua, body, {"role": "assistant", "content": answer}, headers=self.headers
         )
 
     def ollama_tool_step(

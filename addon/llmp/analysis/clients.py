@@ -1,5 +1,8 @@
 """Telling clients apart: user-agent, then tool families (spec, §8 of the design).
 
+A client's name is its user-agent, or, for a generic library's, the program name
+the harness sends beside it (`identity.client_name`, R33).
+
 Several harnesses built on one SDK send the same user-agent; their tool sets
 tell them apart.  A tool set that is a subset or superset of a family's joins
 it (a subagent, or tools that grow as MCP servers connect); any other starts a
@@ -28,6 +31,13 @@ class ClientRegistry:
     _families: dict[str | None, list[_Family]] = field(default_factory=dict)
     _clock: int = 0
     _last: tuple[str | None, frozenset[str], int] | None = None
+    _agents: dict[str | None, str | None] = field(default_factory=dict)
+    """The user-agent sent, for a client named otherwise (R33: `Kilo Code (python-httpx/…)`)."""
+
+    def name(self, name: str | None, user_agent: str | None) -> None:
+        """A client name that is not the user-agent it was sent with."""
+        if name != user_agent:
+            self._agents[name] = user_agent
 
     def family_for(self, ua: str | None, names: frozenset[str]) -> int | None:
         """The family a tool set belongs to under a user-agent; None without tools."""
@@ -87,4 +97,5 @@ class ClientRegistry:
         return [self.label(k) for k in range(len(self.keys))]
 
     def user_agent(self, key: int) -> str | None:
-        return self.keys[key][0]
+        name = self.keys[key][0]
+        return self._agents.get(name, name)

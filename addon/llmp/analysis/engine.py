@@ -8,7 +8,8 @@ one engine.  State is bounded by the number of live conversations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from llmp.analysis.classify import ONESHOT, SIDE_CALL, STATELESS, SUMMARISE, TURN, classify
@@ -17,6 +18,7 @@ from llmp.analysis.config import Config
 from llmp.analysis.counters import exchange_counts
 from llmp.analysis.exchange import Digested, Exchange, Skip, Tools, prepare, prepare_digested
 from llmp.analysis.findings import Findings
+from llmp.analysis.identity import conflicts
 from llmp.analysis.linking import (
     HEAD,
     REPLY_MIN_CHARS,
@@ -26,7 +28,16 @@ from llmp.analysis.linking import (
     TurnState,
     find_link,
 )
-from llmp.analysis.loss import Between, Structure, between, compare, loss_measured, losses
+from llmp.analysis.loss import (
+    Between,
+    Structure,
+    Verdict,
+    between,
+    compare,
+    loss_measured,
+    losses,
+    resort,
+)
 from llmp.analysis.reader import ReadStats
 from llmp.analysis.report import (
     Spill,
@@ -66,6 +77,42 @@ class Fed:
     stateless rows, which are compared with nothing."""
     exchange: Exchange
     """The record as the analysis read it (hashes, sizes, counters; no text)."""
+    structure: Structure | None = None
+    """What its verdict was worked out from, while it may still be worked out again."""
+    entry: RingEntry | None = None
+    """Its entry in the session's ring, while a later request may change its kind."""
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """Rows held back while a side-call among them may yet prove the first turn of a
+    conversation: a later request that continues a request makes it one (R33's
+    structure rules, docs/analysis.md §5)."""
+
+    rows: deque[Fed] = field(default_factory=deque)
+    open: dict[int, int] = field(default_factory=dict)
+    """The side-calls still undecided: row id -> records seen since."""
+
+
+def _set_verdict(row: Row, v: Verdict) -> None:
+    row.predicted_reuse, row.observed_reuse = v.predicted_reuse, v.observed_reuse
+    row.cause = v.cause
+    row.lost_client, row.lost_external, row.volatile = v.lost_client, v.lost_external, v.volatile
+
+
+def continues(ex: Exchange, first: Exchange) -> bool:
+    """Whether `ex` continues `first`: it resends all of `first`'s messages, then
+    something that is not the user's (the reply `first` got), from the same client
+    and session, on the same model."""
+    n = len(first.hashes)
+    return (
+        len(ex.hashes) > n
+        and ex.ua == first.ua
+        and ex.served_model == first.served_model
+        and not conflicts(ex.sessions, first.sessions)
+        and ex.hashes[:n] == first.hashes
+        and ex.msgs[n].role not in ("user", "system", "developer")
+    )
 
 
 class Engine:
@@ -97,6 +144,8 @@ class Engine:
         # A first turn that may yet prove a side-call (`_decide_held`); offline only.
         self._held: _Held | None = None
         self._made: tuple[Conversation, RingEntry] | None = None
+        self._waiting = _Waiting()
+        self._last_structure: Structure | None = None
         self.recording = 0
         """The file the records fed now come from, for `Row.recording` (the reader sets it)."""
 
@@ -154,11 +203,18 @@ class Engine:
             if report:
                 self.totals.skip(ex.reason, ex.path)
             return None
+        if self._waiting.open:
+            self._step_waiting(s, ex)
         self._made = None
         row, btw = self._row(s, ex)
         row.recording = self.recording
         row.draft_n, row.draft_n_accepted = ex.draft_n, ex.draft_n_accepted
         fed = Fed(row, btw, ex)
+        if report and self.cfg.side_call_lookahead > 0:
+            if row.kind == SIDE_CALL:
+                self._waiting.open[row.id] = 0
+            if self._waiting.open:  # kept to be worked out again if it changes
+                fed.structure, fed.entry = self._last_structure, s.ring[-1] if s.ring else None
         made = self._made
         if (
             report
@@ -172,6 +228,77 @@ class Engine:
         return fed
 
     def _emit(self, fed: Fed) -> None:
+        """A decided row: final unless a side-call held before it may still change it."""
+        waiting = self._waiting
+        if waiting.open or waiting.rows:
+            waiting.rows.append(fed)
+            self._drain()
+        else:
+            self._final(fed)
+
+    def _drain(self) -> None:
+        """Make final the held rows no undecided side-call comes before."""
+        waiting = self._waiting
+        rows, open_ = waiting.rows, waiting.open
+        while rows and rows[0].row.id not in open_:
+            fed = rows.popleft()
+            fed.structure = fed.entry = None
+            self._final(fed)
+
+    def _step_waiting(self, s: Session, ex: Exchange) -> None:
+        """Before `ex` is linked: the held side-calls it continues become first turns;
+        those it waited too long for stay side-calls."""
+        waiting = self._waiting
+        for fed in waiting.rows:
+            rid = fed.row.id
+            if rid not in waiting.open:
+                continue
+            if continues(ex, fed.exchange):
+                del waiting.open[rid]
+                self._start_from(s, fed)
+            else:
+                waiting.open[rid] += 1
+                if waiting.open[rid] > self.cfg.side_call_lookahead:
+                    del waiting.open[rid]
+        for rid in [r for r in waiting.open if not any(f.row.id == r for f in waiting.rows)]:
+            del waiting.open[rid]  # emitted elsewhere (a held first turn's decision)
+        self._drain()
+
+    def _start_from(self, s: Session, fed: Fed) -> None:
+        """A side-call a later request continues was the first turn of a conversation:
+        so is its row, and the held rows that counted it as a side-call in between
+        count it as another conversation."""
+        row, ex, st = fed.row, fed.exchange, fed.structure
+        assert st is not None
+        self.conversations += 1
+        family = self.clients.family_for(ex.ua, ex.tools.names)
+        conv = Conversation(
+            self.conversations,
+            ex.ua,
+            ex.served_model,
+            family,
+            self.clients.key(ex.ua, family),
+            self._turn_state(ex, st, row.counts),
+            sessions=ex.sessions,
+        )
+        row.kind, row.side_call_shape, row.client = TURN, None, conv.client
+        row.conversation, row.turn = conv.number, 1
+        _set_verdict(row, losses(st, row.counts, None, self.cfg))
+        fed.between = Between([], [], [], [])
+        s.touch(conv)
+        if fed.entry is not None and fed.entry.id == row.id:
+            fed.entry.kind, fed.entry.shape = TURN, None
+            fed.entry.conversation, fed.entry.client = conv.number, conv.client
+        for other in self._waiting.rows:
+            btw = other.between
+            if btw is not None and row.id in btw.side_calls and other.structure is not None:
+                btw = other.between = resort(btw)
+                o = other.row
+                o.side_calls_between = btw.side_calls
+                o.other_conversations_between = btw.other_conversations
+                _set_verdict(o, losses(other.structure, o.counts, btw, self.cfg))
+
+    def _final(self, fed: Fed) -> None:
         """Sum a final row into the totals and findings, and keep it."""
         row, ex = fed.row, fed.exchange
         if self.report:
@@ -194,6 +321,8 @@ class Engine:
         """Decide what still waits (at the end of the input, or of a session)."""
         if self._held is not None:
             self._emit(self._release())
+        self._waiting.open.clear()
+        self._drain()
 
     def _decide_held(self, s: Session, tool_names: frozenset[str], sys: tuple[str, ...]) -> None:
         """The held first turn was a side-call when the same client's next request starts
@@ -226,7 +355,9 @@ class Engine:
         same_start = s.by_first.get((ua, served, hashes[n_sys])) if len(hashes) > n_sys else None
         group = None if ex.stored_prompt else s.by_key.get((ua, served))
         link = find_link(ex, group, same_start, cfg) if group else None
-        ref = link.conv if link is not None else s.recent_by_ua.get(ua)
+        ref = link.conv if link is not None else s.recent_for(ua, ex.sessions)
+        if ua is not ex.user_agent:
+            self.clients.name(ua, ex.user_agent)
         st = compare(ex, link, cfg)
         if link is not None and st.break_cause is not None:
             # A prompt refused for its context on the way here (a harness that cut its
@@ -254,7 +385,7 @@ class Engine:
                 if ex.out_chars >= REPLY_MIN_CHARS:
                     ref.replies.append(ex.out_chars)
                     del ref.replies[:-4]
-            flat = st.unlinked()
+            flat = self._last_structure = st.unlinked()
             row = Row(
                 ex.id,
                 api_name,
@@ -276,12 +407,19 @@ class Engine:
 
         if link is None:
             st = st.unlinked()
+        self._last_structure = st
         state = self._turn_state(ex, st, counts)
         if link is None or link.mode == HEAD:
             self.conversations += 1
             family = self.clients.family_for(ua, ex.tools.names)
             conv = Conversation(
-                self.conversations, ua, served, family, self.clients.key(ua, family), state
+                self.conversations,
+                ua,
+                served,
+                family,
+                self.clients.key(ua, family),
+                state,
+                sessions=ex.sessions,
             )
         else:
             conv = link.conv
@@ -366,6 +504,7 @@ class Engine:
 
     def header(self, stats: ReadStats | None = None) -> dict[str, Any]:
         """The report v1 without its rows (`stats` gives the reader's bad lines)."""
+        self.flush()  # rows held back are final at the end of the input
         labels = self.clients.labels()
         user_agents = [self.clients.user_agent(k) for k in range(len(labels))]
         tool_stats = self.totals.tool_stats()

@@ -10,14 +10,17 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+import msgspec
 import orjson
 
+from llmp.analysis.identity import NO_SESSIONS, Sessions, client_name, is_retry, sessions_of
 from llmp.analysis.overflow import Refusal, refusal_of
 from llmp.apis import ChatApi, api_for, request_digest_of, response_digest_of, strip_query
 from llmp.apis.openai_chat import OpenAIChat
 from llmp.format.fastread import (
     NULL,
     DigestRecord,
+    Headers,
     Histories,
     LlamaRecord,
     LlamaResponse,
@@ -90,8 +93,7 @@ def _probe(req: dict[str, Any], api: ChatApi) -> Probe | None:
         return None
     if digest is None:
         return None
-    headers = req.get("headers")
-    ua = headers.get("user-agent") if type(headers) is dict else None
+    ua, _, _ = identity(req.get("headers"))
     msgs = digest.get("messages") if isinstance(digest.get("messages"), list) else []
     sys: list[str] = []
     for m in msgs:
@@ -102,7 +104,41 @@ def _probe(req: dict[str, Any], api: ChatApi) -> Probe | None:
         sys.append(h if type(h) is str else "?")
     tools = digest.get("tools") if isinstance(digest.get("tools"), list) else []
     names = frozenset(n for t in tools if isinstance(t, dict) and type(n := t.get("name")) is str)
-    return Probe(ua if type(ua) is str and ua else None, names, tuple(sys))
+    return Probe(ua, names, tuple(sys))
+
+
+def identity(headers: Any) -> tuple[str | None, Sessions, bool]:
+    """A record's client name (`identity.client_name`), separating session values and
+    whether it is a retry, from its request `headers` (None when they are no object)."""
+    if type(headers) is not dict:
+        return None, NO_SESSIONS, False
+    ua = headers.get("user-agent")
+    ua = ua if type(ua) is str and ua else None
+    if headers.keys() <= _PLAIN_HEADERS:  # nothing more to read
+        return ua, NO_SESSIONS, False
+    return client_name(ua, headers), sessions_of(headers), is_retry(headers)
+
+
+_PLAIN_HEADERS = frozenset(("user-agent", "content-type", "content-length", "transfer-encoding"))
+"""R15's headers, which say nothing of a client's identity but its user-agent."""
+
+_IDENTITY_FIELDS = tuple(
+    (f.name, f.encode_name)
+    for f in msgspec.structs.fields(Headers)
+    if f.encode_name not in _PLAIN_HEADERS
+)
+"""The fast path's `Headers` fields of R32, with their header names."""
+
+
+def _identity_typed(headers: Headers | None) -> tuple[str | None, Sessions, bool]:
+    """`identity` of the headers the fast path decoded."""
+    if headers is None:
+        return None, NO_SESSIONS, False
+    ua = headers.user_agent or None
+    sent = {name: v for attr, name in _IDENTITY_FIELDS if (v := getattr(headers, attr)) is not None}
+    if not sent:
+        return ua, NO_SESSIONS, False
+    return client_name(ua, sent), sessions_of(sent), is_retry(sent)
 
 
 def tool_defs(tools: list[Any]) -> list[ToolDef | None]:
@@ -185,7 +221,9 @@ class Exchange:
         "out_chars",
         "out_tool_names",
         "requested_model",
+        "retry",
         "served_model",
+        "sessions",
         "stored_prompt",
         "streamed",
         "structured",
@@ -199,6 +237,7 @@ class Exchange:
         "tools",
         "top",
         "ua",
+        "user_agent",
     )
 
     id: int
@@ -208,6 +247,13 @@ class Exchange:
     t_first_event: int | None
     t_end: int
     ua: str | None
+    """The client's name: its user-agent, or a generic one labelled (R33)."""
+    user_agent: str | None
+    """The user-agent as sent."""
+    sessions: Sessions
+    """Separating session header values (R33)."""
+    retry: bool
+    """`x-stainless-retry-count` above 0 (R33)."""
     requested_model: str | None
     served_model: str
     msgs: list[Msg]
@@ -439,7 +485,8 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
     ex.t_end = te if type(te) is int else t_start
     headers = req.get("headers")
     ua = headers.get("user-agent") if type(headers) is dict else None
-    ex.ua = ua if type(ua) is str and ua else None
+    ex.user_agent = ua if type(ua) is str and ua else None
+    ex.ua, ex.sessions, ex.retry = identity(headers)
     model = digest.get("model")
     requested = ex.requested_model = model if type(model) is str and model else None
     ex.top = top
@@ -675,7 +722,8 @@ def prepare_digested(d: Digested, tools_cache: dict[str, Tools] | None = None) -
     te = rec.t_end_ms
     ex.t_end = te if te is not None else t_start
     headers = req.headers
-    ex.ua = (headers.user_agent or None) if headers is not None else None
+    ex.user_agent = (headers.user_agent or None) if headers is not None else None
+    ex.ua, ex.sessions, ex.retry = _identity_typed(headers)
     requested = ex.requested_model = digest.model or None
     ex.top = top
     if typed:

@@ -11,6 +11,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from llmp.analysis.identity import NO_SESSIONS, Sessions, conflicts
+
 if TYPE_CHECKING:
     from llmp.analysis.config import Config
     from llmp.analysis.exchange import Exchange
@@ -96,6 +98,8 @@ class Conversation:
     """Reply sizes of its recent side-calls (at least `REPLY_MIN_CHARS`): a turn that
     resends one as an assistant message continues from a compaction."""
     first: str | None = None  # first rest message of the last turn, as indexed
+    sessions: Sessions = NO_SESSIONS
+    """The session header values its first turn sent (R33)."""
 
 
 @dataclass(slots=True)
@@ -148,6 +152,17 @@ class Session:
                 return None
             if rid < until and m == model:
                 return tokens
+        return None
+
+    def recent_for(self, ua: str | None, sessions: Sessions) -> Conversation | None:
+        """The client's most recently active conversation that its session headers
+        allow (R33): what a request that links to none is classified against."""
+        conv = self.recent_by_ua.get(ua)
+        if conv is None or not conflicts(sessions, conv.sessions):
+            return conv
+        for c in reversed(self.lru.values()):
+            if c.ua == ua and not conflicts(sessions, c.sessions):
+                return c
         return None
 
     def skip(self, rec: dict[str, Any]) -> None:
@@ -285,8 +300,22 @@ def find_link(
         return None
     rest = ex.hashes[ex.n_sys :]
     nrest = len(rest)
+    sessions = ex.sessions
+    if sessions and same_start:  # R33: never a conversation of another session
+        same_start = {n: c for n, c in same_start.items() if not conflicts(sessions, c.sessions)}
 
     best: Conversation | None = None
+    if same_start and ex.retry:
+        # R33: a retry follows the request it retried, the last one with its messages.
+        for c in same_start.values():
+            if (
+                c.last.rest == rest
+                and c.last.sys == ex.hashes[: ex.n_sys]
+                and (best is None or c.last.row_id > best.last.row_id)
+            ):
+                best = c
+        if best is not None:
+            return Link(best, CONTINUATION, nrest)
     if same_start:
         # 1. Continuation: the candidate's rest is a prefix of ours; the
         # longest wins, then the most recent. The tuples are compared by
@@ -326,6 +355,8 @@ def find_link(
     # a turn resumes one of those, and scanning hundreds per request would
     # make every side-call and first turn cost as much as the whole state.
     convs = list(itertools.islice(reversed(group.values()), RECENT))
+    if sessions:
+        convs = [c for c in convs if not conflicts(sessions, c.sessions)]
     # 3. Shared history after a broken start: at least two of the turn's
     # messages reappear, and either they are most of them (aider's rewritten
     # repo map) or the request also resends the turn's reply (aider's /ask:

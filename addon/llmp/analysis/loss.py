@@ -593,6 +593,17 @@ def between(session: Session, since: int, served: str, conversation: int | None)
             break
         entries.append(e)
     entries.reverse()
+    return _sorted(entries, served, conversation, sk)
+
+
+def resort(btw: Between) -> Between:
+    """The same rows in between, sorted again after one of them changed kind."""
+    return _sorted(btw.entries, btw.served, btw.conversation, btw.skipped)
+
+
+def _sorted(entries: list[RingEntry], served: str, conversation: int | None, sk: bool) -> Between:
+    """Rows in between, oldest first, sorted into side-calls, other conversations and
+    other models."""
     side: list[int] = []
     others: list[int] = []
     domains: list[int] = []

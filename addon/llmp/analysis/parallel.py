@@ -3,7 +3,7 @@
 Sessions (R16) share almost nothing in the engine: the client registry (keys
 in order of first request, tool families a later session can join),
 conversation numbers that run across sessions, and the totals, findings and
-rows summed in `Engine._emit`.  So:
+rows summed in `Engine._final`.  So:
 
 1. `plan` finds the sessions as the reader does, with the reader's own
    `reader.in_order` (the same file order, window and session starts, and the
@@ -11,12 +11,12 @@ rows summed in `Engine._emit`.  So:
    session's lines as byte ranges of its files, cut into units of whole
    sessions handed to the workers as soon as they are complete.
 2. A worker runs the engine over one unit with a registry that hands out
-   local tokens and logs its calls, and writes what `_emit` is given (row,
+   local tokens and logs its calls, and writes what `_final` is given (row,
    what ran between, the few request fields the totals read), the refusals
    and the registry's calls to a temporary file, in the order they happen.
 3. The parent takes the units in order, replays each log on the one real
    registry, maps tokens to client keys and local conversation numbers to
-   global ones, and runs `_emit` as one process would have, in the same order.
+   global ones, and runs `_final` as one process would have, in the same order.
 
 What the plan cannot prove the same as one process (a line the key scan took
 for a record that does not decode, more distinct tools arrays than the engine
@@ -220,7 +220,7 @@ class _Void(Exception):
 
 @dataclass(slots=True)
 class _Seen:
-    """What `Engine._emit` reads of a row's request besides the row."""
+    """What `Engine._final` reads of a row's request besides the row."""
 
     stored_prompt: int
     tools: Tools | None
@@ -326,6 +326,10 @@ class _LoggingRegistry(ClientRegistry):
         if family is not None and names:
             self._log(("w", ua, family, names))
 
+    def name(self, name: str | None, user_agent: str | None) -> None:
+        if name != user_agent:
+            self._log(("n", name, user_agent))
+
     def key(self, ua: str | None, family: int | None) -> int:
         token = self._n_keys
         self._n_keys += 1
@@ -343,7 +347,7 @@ class _LoggedRefusals(Findings):
 
 
 class _UnitEngine(Engine):
-    """The engine over one session, whose `_emit` logs what it is given."""
+    """The engine over one session, whose `_final` logs what it is given."""
 
     def __init__(self, cfg: Config, log: _Log) -> None:
         super().__init__(cfg, spill=False, summaries=False)
@@ -352,7 +356,7 @@ class _UnitEngine(Engine):
         self.clients = _LoggingRegistry(log, self.cache)
         self.findings = _LoggedRefusals(self.cfg, log)
 
-    def _emit(self, fed: Fed) -> None:
+    def _final(self, fed: Fed) -> None:
         btw = fed.between
         held = self._held
         if btw is not None and held is not None and any(e is held.entry for e in btw.entries):
@@ -500,7 +504,7 @@ class _Replay:
         keys: dict[int, int] = {}
         offset = self.offset
         tools = self.tools
-        emit = engine._emit
+        emit = engine._final
         for event, seen_entries in _events(done.log):
             tag = event[0]
             if tag == "e":
@@ -521,6 +525,8 @@ class _Replay:
                 families[event[1]] = registry.family_for(event[2], names)
             elif tag == "w":
                 registry.widen(event[1], families[event[2]], event[3])
+            elif tag == "n":
+                registry.name(event[1], event[2])
             else:  # "r"
                 engine.findings.refused(event[1], event[2], event[3])
         self.offset += done.conversations

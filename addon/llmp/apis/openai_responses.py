@@ -1,8 +1,8 @@
-"""The OpenAI Responses API: `POST /v1/responses` (R21, R25-R27).
+"""The OpenAI Responses API: `POST /v1/responses` (R21, R25-R27, R30).
 
 Codex speaks it; llama-server, vLLM and Ollama serve it.  A request is a
 list of typed items (messages, function calls and their outputs, reasoning),
-each hashed whole; a stream is a sequence of typed events whose last
+each hashed whole but for its `id` (R30); a stream is a sequence of typed events whose last
 `response.completed` already holds the whole response.
 """
 
@@ -106,8 +106,14 @@ def _instructions_with_text(body: dict[str, Any]) -> list[tuple[MessageDigest, s
 
 
 def _item_with_text(item: Any) -> tuple[MessageDigest, str]:
-    """An item's digest: its role (or type), the whole item hashed, its text."""
+    """An item's digest: its role (or type), the item hashed without its `id`, its text.
+
+    R30: the server renders no item `id` into the prompt and Codex renews them
+    all after a compaction, so the `id` is no part of what the model sees.
+    """
+    hashed = item
     if isinstance(item, dict):
+        hashed = {key: value for key, value in item.items() if key != "id"}
         role = item.get("role")
         if role is None:
             role = item.get("type")
@@ -117,7 +123,7 @@ def _item_with_text(item: Any) -> tuple[MessageDigest, str]:
     else:
         role, calls, call_id = None, [], None
     text = item_text(item)
-    return digest_message(role, [role, item, None, None, None], text, calls, call_id, None), text
+    return digest_message(role, [role, hashed, None, None, None], text, calls, call_id, None), text
 
 
 def _tool_name(tool: Any) -> Any:

@@ -160,14 +160,39 @@ class Headers(
         "content_type": "content-type",
         "content_length": "content-length",
         "transfer_encoding": "transfer-encoding",
+        "x_title": "x-title",
+        "http_referer": "http-referer",
+        "x_app": "x-app",
+        "retry_count": "x-stainless-retry-count",
+        "claude_code_session_id": "x-claude-code-session-id",
+        "session_id": "session-id",
+        "session_id_": "session_id",
+        "thread_id": "thread-id",
+        "codex_window_id": "x-codex-window-id",
+        "x_session_id": "x-session-id",
+        "session_affinity": "x-session-affinity",
+        "affinity": "x-affinity",
     },
 ):
-    """The four headers a record keeps (spec: Request, `headers`)."""
+    """The headers a record keeps (spec: Request, `headers`; R32)."""
 
     user_agent: str | None = None
     content_type: str | None = None
     content_length: str | None = None
     transfer_encoding: str | None = None
+    x_title: str | None = None
+    http_referer: str | None = None
+    originator: str | None = None
+    x_app: str | None = None
+    retry_count: str | None = None
+    claude_code_session_id: str | None = None
+    session_id: str | None = None
+    session_id_: str | None = None
+    thread_id: str | None = None
+    codex_window_id: str | None = None
+    x_session_id: str | None = None
+    session_affinity: str | None = None
+    affinity: str | None = None
 
 
 class Request(_Strict):

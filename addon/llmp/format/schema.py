@@ -24,6 +24,22 @@ TIMEOUT = "timeout"
 BODY_TOO_LARGE = "body_too_large"
 ERRORS = (UPSTREAM_UNREACHABLE, UPSTREAM_RESET, CLIENT_DISCONNECTED, TIMEOUT, BODY_TOO_LARGE)
 
+# R32: the request headers that say which program and which session sent a request.
+NAMING_HEADERS = ("x-title", "http-referer", "originator", "x-app", "x-stainless-retry-count")
+"""Kept verbatim: they name a program, not a person."""
+SESSION_HEADERS = (
+    "x-claude-code-session-id",
+    "session-id",
+    "session_id",
+    "thread-id",
+    "x-codex-window-id",
+    "x-session-id",
+    "x-session-affinity",
+    "x-affinity",
+)
+"""Kept only as `fnv1a:<16 hex>` of the value: they identify a session, and are only
+ever compared."""
+
 StreamKind = Literal["sse", "ndjson"]
 SSE: StreamKind = "sse"
 NDJSON: StreamKind = "ndjson"

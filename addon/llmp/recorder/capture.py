@@ -14,6 +14,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from llmp.format.canonical import hash_bytes
+from llmp.format.schema import NAMING_HEADERS, SESSION_HEADERS
+
 TAIL_BYTES = 64
 KEPT_HEADERS = ("user-agent", "content-type", "content-length", "transfer-encoding")
 
@@ -36,6 +39,30 @@ def keep_headers(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
     return {name: ", ".join(values) for name, values in kept.items()}
 
 
+def _session_hash(value: str) -> str:
+    """R32: `fnv1a:<16 hex>` of the value's bytes as sent."""
+    return "fnv1a:" + hash_bytes(value.encode("utf-8", "surrogateescape"))
+
+
+def keep_request_headers(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """R15 and R32: the four headers, the naming ones verbatim, the session ones hashed.
+
+    An allow-list: a credential (`authorization`, `x-api-key`, a cookie) or any
+    header not named here is never written.
+    """
+    pairs = list(pairs)
+    kept = keep_headers(pairs)
+    own: dict[str, list[str]] = {}
+    for name, value in pairs:
+        low = name.lower()
+        if low in NAMING_HEADERS or low in SESSION_HEADERS:
+            own.setdefault(low, []).append(value)
+    for name, values in own.items():
+        joined = ", ".join(values)
+        kept[name] = _session_hash(joined) if name in SESSION_HEADERS else joined
+    return kept
+
+
 def _text(raw: bytes) -> str:
     """A header name or value as mitmproxy's `Headers` gives it (`_native`)."""
     return raw.decode("utf-8", "surrogateescape")
@@ -44,6 +71,11 @@ def _text(raw: bytes) -> str:
 def kept_fields(fields: HeaderFields) -> dict[str, str]:
     """`keep_headers` of raw header fields, decoded as `Headers.items(multi=True)` does."""
     return keep_headers((_text(name), _text(value)) for name, value in fields)
+
+
+def kept_request_fields(fields: HeaderFields) -> dict[str, str]:
+    """`keep_request_headers` of raw header fields."""
+    return keep_request_headers((_text(name), _text(value)) for name, value in fields)
 
 
 def content_encoding(fields: HeaderFields) -> str | None:
@@ -119,7 +151,7 @@ class Capture:
             self.path = _text(self.raw_path)
             self.raw_path = None
         if self.request_fields is not None:
-            self.request_headers = kept_fields(self.request_fields)
+            self.request_headers = kept_request_fields(self.request_fields)
             self.request_encoding = content_encoding(self.request_fields)
             self.request_fields = None
         if self.response_fields is not None:
