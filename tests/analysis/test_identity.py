@@ -95,9 +95,7 @@ def test_one_session_value_does_not_force_one_conversation(tmp_path: Path) -> No
     same = _session("session_id", "parent")
     parent = sc.Agent(tr, srv, ua="someharness/1", headers=same)
     sc.work(parent, 2)
-    child = sc.Agent(
-        tr, srv, ua="someharness/1", headers=same, system="You are a subagent. " * 30
-    )
+    child = sc.Agent(tr, srv, ua="someharness/1", headers=same, system="You are a subagent. " * 30)
     sc.work(child, 2, seed="c")
     report = sc.analyse(tr, tmp_path)
     assert report["coverage"]["conversations"] == 2
@@ -151,9 +149,7 @@ def test_title_labels_a_generic_user_agent(tmp_path: Path, mode: str) -> None:
     tr = sc.Traffic()
     srv = sc.LlamaServer()
     kilo = sc.Agent(tr, srv, ua="python-httpx/0.28.1", headers={"x-title": "Kilo Code"})
-    other = sc.Agent(
-        tr, srv, ua="python-httpx/0.28.1", system="Another program. " * 30, tools=None
-    )
+    other = sc.Agent(tr, srv, ua="python-httpx/0.28.1", system="Another program. " * 30, tools=None)
     sc.work(kilo, 2)
     other.turn(sc.text("hello", 100), sc.text("hi", 100))
     report = sc.analyse(tr, tmp_path, mode)
@@ -203,3 +199,32 @@ def test_a_request_a_later_one_continues_starts_a_conversation(
 def test_a_side_call_nobody_continues_stays_one(tmp_path: Path) -> None:
     rows = _rows(sc.title_side_call(), tmp_path, "digest")
     assert any(r["kind"] == "side_call" for r in rows.values())
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("mode", MODES)
+def test_two_runs_without_headers_are_told_apart_by_what_each_continues(
+    tmp_path: Path, mode: str, jobs: int
+) -> None:
+    """The same two runs, no session header: the same start, then each run's turns
+    continue its own line; neither is charged for rewriting the other's history."""
+    report = sc.analyse(_two_runs(None), tmp_path, mode, jobs=jobs)
+    rows = sc.rows_by_id(report)
+    assert report["coverage"]["conversations"] == 2
+    a_ids, b_ids = [3, 5, 7], [4, 6, 8]
+    assert len({rows[i]["conversation"] for i in a_ids}) == 1
+    assert len({rows[i]["conversation"] for i in b_ids}) == 1
+    assert rows[3]["conversation"] != rows[4]["conversation"]
+    for ids in (a_ids, b_ids):
+        for prev, cur in zip(ids, ids[1:], strict=False):
+            assert rows[cur]["linked_to"] == prev
+    assert all(r["break_cause"] is None and r["lost_client"] is None for r in rows.values())
+    assert "history_rewritten" not in report["time"]["by_cause"]
+    lost = [rows[i] for i in a_ids[1:] + b_ids[1:] if rows[i]["lost_external"]]
+    assert lost and all(r["cause"] == "other_conversation" for r in lost)
+
+
+def test_a_rewrite_nobody_goes_back_on_stays_one_conversation(tmp_path: Path) -> None:
+    report = sc.analyse(sc.rewritten_history(), tmp_path)
+    assert report["coverage"]["conversations"] == 1
+    assert "history_rewritten" in report["time"]["by_cause"]

@@ -565,7 +565,11 @@ class Agent:
             body["tools"] = copy.deepcopy(self.tools)
         body.update(extra)
         return self.traffic.chat(
-            self.server, self.ua, body, {"role": "assistant", "content": answer}, headers=self.headers
+            self.server,
+            self.ua,
+            body,
+            {"role": "assistant", "content": answer},
+            headers=self.headers,
         )
 
     def ollama_tool_step(

@@ -21,6 +21,7 @@ from llmp.analysis.findings import Findings
 from llmp.analysis.identity import conflicts
 from llmp.analysis.linking import (
     HEAD,
+    PREFIX,
     REPLY_MIN_CHARS,
     Conversation,
     RingEntry,
@@ -91,13 +92,35 @@ class _Waiting:
 
     rows: deque[Fed] = field(default_factory=deque)
     open: dict[int, int] = field(default_factory=dict)
-    """The side-calls still undecided: row id -> records seen since."""
+    """The rows still undecided: row id -> records seen since."""
+    forks: dict[int, Conversation] = field(default_factory=dict)
+    """Of those, the turns that kept only the start of their conversation's last turn:
+    row id -> the conversation (its `alt` holds the turn they left)."""
 
 
 def _set_verdict(row: Row, v: Verdict) -> None:
     row.predicted_reuse, row.observed_reuse = v.predicted_reuse, v.observed_reuse
     row.cause = v.cause
     row.lost_client, row.lost_external, row.volatile = v.lost_client, v.lost_external, v.volatile
+
+
+def _continues_alt(ex: Exchange, conv: Conversation) -> bool:
+    """Whether `ex` continues the turn a fork left (`conv.alt`) and not the fork's line:
+    it carries what the fork dropped, so the fork was another conversation."""
+    alt = conv.alt
+    if alt is None or ex.ua != conv.ua or ex.served_model != conv.served:
+        return False
+    if conflicts(ex.sessions, conv.sessions):
+        return False
+    rest = ex.hashes[ex.n_sys :]
+    n = len(alt.rest)
+    tip = conv.last.rest
+    return (
+        len(rest) >= n
+        and alt.sys == ex.hashes[: ex.n_sys]
+        and rest[:n] == alt.rest
+        and rest[: len(tip)] != tip
+    )
 
 
 def continues(ex: Exchange, first: Exchange) -> bool:
@@ -146,6 +169,8 @@ class Engine:
         self._made: tuple[Conversation, RingEntry] | None = None
         self._waiting = _Waiting()
         self._last_structure: Structure | None = None
+        self._forked: Conversation | None = None
+        """The conversation this row forked (`Conversation.alt`), if it did."""
         self.recording = 0
         """The file the records fed now come from, for `Row.recording` (the reader sets it)."""
 
@@ -213,6 +238,9 @@ class Engine:
         if report and self.cfg.side_call_lookahead > 0:
             if row.kind == SIDE_CALL:
                 self._waiting.open[row.id] = 0
+            elif self._forked is not None:
+                self._waiting.open[row.id] = 0
+                self._waiting.forks[row.id] = self._forked
             if self._waiting.open:  # kept to be worked out again if it changes
                 fed.structure, fed.entry = self._last_structure, s.ring[-1] if s.ring else None
         made = self._made
@@ -249,9 +277,20 @@ class Engine:
         """Before `ex` is linked: the held side-calls it continues become first turns;
         those it waited too long for stay side-calls."""
         waiting = self._waiting
-        for fed in waiting.rows:
+        for fed in list(waiting.rows):
             rid = fed.row.id
             if rid not in waiting.open:
+                continue
+            conv = waiting.forks.get(rid)
+            if conv is not None:
+                if _continues_alt(ex, conv):
+                    del waiting.open[rid], waiting.forks[rid]
+                    self._split(s, fed, conv)
+                else:
+                    waiting.open[rid] += 1
+                    if waiting.open[rid] > self.cfg.side_call_lookahead:
+                        del waiting.open[rid], waiting.forks[rid]
+                        conv.alt = None  # a rewrite of its own history after all
                 continue
             if continues(ex, fed.exchange):
                 del waiting.open[rid]
@@ -262,6 +301,9 @@ class Engine:
                     del waiting.open[rid]
         for rid in [r for r in waiting.open if not any(f.row.id == r for f in waiting.rows)]:
             del waiting.open[rid]  # emitted elsewhere (a held first turn's decision)
+            conv = waiting.forks.pop(rid, None)
+            if conv is not None:
+                conv.alt = None
         self._drain()
 
     def _start_from(self, s: Session, fed: Fed) -> None:
@@ -298,6 +340,46 @@ class Engine:
                 o.other_conversations_between = btw.other_conversations
                 _set_verdict(o, losses(other.structure, o.counts, btw, self.cfg))
 
+    def _split(self, s: Session, fork: Fed, conv: Conversation) -> None:
+        """A fork proved another conversation with the same start: it and the turns
+        after it on its line become a new conversation, and `conv` goes back to the
+        turn the fork left.  The fork is compared with nothing: what it shares with
+        `conv` is a start both had, not a history it rewrote."""
+        self.conversations += 1
+        new = Conversation(
+            self.conversations,
+            conv.ua,
+            conv.served,
+            conv.family,
+            conv.client,
+            conv.last,
+            turns=0,
+            sessions=conv.sessions,
+        )
+        first = fork.row.id
+        for fed in self._waiting.rows:
+            row = fed.row
+            if row.kind != TURN or row.conversation != conv.number or row.id < first:
+                continue
+            new.turns += 1
+            conv.turns -= 1
+            row.conversation, row.turn = new.number, new.turns
+            if fed.entry is not None and fed.entry.id == row.id:
+                fed.entry.conversation = new.number
+        row, st = fork.row, fork.structure
+        assert st is not None and conv.alt is not None
+        flat = st.unlinked()
+        row.composition = (flat.system, flat.tools, flat.history, flat.new)
+        row.linked_to, row.new_conversation, row.prefix_tokens = None, False, None
+        row.break_cause, row.compaction, row.changed, row.volatile_where = None, False, None, None
+        row.side_calls_between, row.other_conversations_between = [], []
+        row.other_domains_between = []
+        _set_verdict(row, losses(flat, row.counts, None, self.cfg))
+        fork.between = Between([], [], [], [])
+        conv.last, conv.alt = conv.alt, None
+        s.touch(new)
+        s.touch(conv)
+
     def _final(self, fed: Fed) -> None:
         """Sum a final row into the totals and findings, and keep it."""
         row, ex = fed.row, fed.exchange
@@ -322,6 +404,9 @@ class Engine:
         if self._held is not None:
             self._emit(self._release())
         self._waiting.open.clear()
+        for conv in self._waiting.forks.values():
+            conv.alt = None
+        self._waiting.forks.clear()
         self._drain()
 
     def _decide_held(self, s: Session, tool_names: frozenset[str], sys: tuple[str, ...]) -> None:
@@ -349,6 +434,7 @@ class Engine:
         # The hot path: constructors get positional arguments (keywords cost a
         # Python call twice as much), lookups are inlined.
         cfg = self.cfg
+        self._forked = None
         n_sys = ex.n_sys
         hashes = ex.hashes
         ua, served = ex.ua, ex.served_model
@@ -409,6 +495,16 @@ class Engine:
             st = st.unlinked()
         self._last_structure = st
         state = self._turn_state(ex, st, counts)
+        if (
+            link is not None
+            and link.mode == PREFIX
+            and self.report
+            and cfg.side_call_lookahead > 0
+            and link.conv.alt is None
+            and link.k < len(link.conv.last.rest)
+        ):
+            link.conv.alt = link.conv.last
+            self._forked = link.conv
         if link is None or link.mode == HEAD:
             self.conversations += 1
             family = self.clients.family_for(ua, ex.tools.names)

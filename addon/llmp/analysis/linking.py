@@ -100,6 +100,10 @@ class Conversation:
     first: str | None = None  # first rest message of the last turn, as indexed
     sessions: Sessions = NO_SESSIONS
     """The session header values its first turn sent (R33)."""
+    alt: TurnState | None = None
+    """The last turn before a request that kept only the start of it (a `PREFIX`
+    link): a later request that continues it proves that request another
+    conversation with the same start (engine `_Waiting`)."""
 
 
 @dataclass(slots=True)
