@@ -8,6 +8,7 @@ rules are checked as rules, not as one harness's habits.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ def test_session_header_tells_two_runs_apart(tmp_path: Path, mode: str) -> None:
     assert len({rows[i]["conversation"] for i in b_ids}) == 1
     assert rows[1]["conversation"] != rows[2]["conversation"]
     for ids in (a_ids, b_ids):
-        for prev, cur in zip(ids, ids[1:], strict=False):
+        for prev, cur in itertools.pairwise(ids):
             assert rows[cur]["linked_to"] == prev  # each run's turns link within it
             assert rows[cur]["break_cause"] is None
     # Each evicts the other on the one slot: the other conversation's doing.
@@ -216,7 +217,7 @@ def test_two_runs_without_headers_are_told_apart_by_what_each_continues(
     assert len({rows[i]["conversation"] for i in b_ids}) == 1
     assert rows[3]["conversation"] != rows[4]["conversation"]
     for ids in (a_ids, b_ids):
-        for prev, cur in zip(ids, ids[1:], strict=False):
+        for prev, cur in itertools.pairwise(ids):
             assert rows[cur]["linked_to"] == prev
     assert all(r["break_cause"] is None and r["lost_client"] is None for r in rows.values())
     assert "history_rewritten" not in report["time"]["by_cause"]
@@ -228,3 +229,18 @@ def test_a_rewrite_nobody_goes_back_on_stays_one_conversation(tmp_path: Path) ->
     report = sc.analyse(sc.rewritten_history(), tmp_path)
     assert report["coverage"]["conversations"] == 1
     assert "history_rewritten" in report["time"]["by_cause"]
+
+
+def test_two_first_turns_held_at_once_both_come_out(tmp_path: Path) -> None:
+    """Two clients' first one-off-looking turns in a row: the first one held back for
+    its client's next move is not lost when the second one is held."""
+    tr = sc.Traffic()
+    srv = sc.LlamaServer()
+    a = sc.Agent(tr, srv, ua="client-a/1", tools=None, system="")
+    b = sc.Agent(tr, srv, ua="client-b/1", tools=None)
+    a.turn(sc.text("hello there", 80), sc.text("hi", 100))
+    b.turn(sc.text("good morning", 80), sc.text("morning", 100))
+    for jobs in (1, 2):
+        report = sc.analyse(tr, tmp_path, jobs=jobs)
+        assert [r["id"] for r in report["rows"]] == [1, 2]
+        assert report["coverage"]["analysed"] == 2

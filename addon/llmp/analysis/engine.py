@@ -250,6 +250,8 @@ class Engine:
             and self.cfg.side_call_lookahead > 0
             and _may_be_a_side_call(ex)
         ):
+            if self._held is not None:  # another client's, still undecided: as it looked
+                self._emit(self._release())
             self._held = _Held(fed, made[0], made[1])  # decided by what the client sends next
         else:
             self._emit(fed)
