@@ -12,9 +12,12 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
+from llmp.analysis.html import render_html
 from llmp.analysis.identity import client_name, conflicts, is_retry, sessions_of
+from llmp.live.view import LiveConfig, LiveView
 from llmp.recorder.capture import keep_request_headers
 from tests.support import scenarios as sc
 
@@ -244,3 +247,21 @@ def test_two_first_turns_held_at_once_both_come_out(tmp_path: Path) -> None:
         report = sc.analyse(tr, tmp_path, jobs=jobs)
         assert [r["id"] for r in report["rows"]] == [1, 2]
         assert report["coverage"]["analysed"] == 2
+
+
+def test_live_view_metrics_and_page_name_the_harness(tmp_path: Path) -> None:
+    """The name a generic user-agent gets from `x-title` is the client in the live
+    view's lines, in `/_llmp/metrics` and on the HTML page."""
+    tr = sc.Traffic()
+    srv = sc.LlamaServer()
+    kilo = sc.Agent(tr, srv, ua="python-httpx/0.28.1", headers={"x-title": "Kilo Code"})
+    sc.work(kilo, 3)
+    name = "Kilo Code (python-httpx/0.28.1)"
+    view = LiveView(LiveConfig(), body="digest")
+    for line in tr.lines("digest", "end"):
+        view.on_record(orjson.loads(line))
+    metrics = view.metrics_text(written=3, failed=0).decode()
+    view.close()
+    assert f'client="{name}"' in metrics
+    page = render_html(sc.analyse(tr, tmp_path))
+    assert name in page

@@ -24,7 +24,9 @@ import pytest
 from llmp.analysis import analyze
 from llmp.analysis.config import Config
 from llmp.format.canonical import hash_bytes
+from tests.support.harnesses import base_env, harness_bin
 from tests.support.mitm import Mitmdump, read_records
+from tests.support.proxy import LlmpProxy
 from tests.support.real import LlamaServer, real_server_marks
 
 pytestmark = real_server_marks()
@@ -56,9 +58,9 @@ class Agent:
         return self.send(**extra)
 
     def send(self, **extra: Any) -> str:
-        resp = self.client.chat.completions.create(  # type: ignore[call-overload]
+        resp = self.client.chat.completions.create(
             model="smol",
-            messages=self.messages,
+            messages=self.messages,  # type: ignore[arg-type]
             max_tokens=48,
             temperature=0,
             seed=1,
@@ -223,3 +225,69 @@ def test_x_title_labels_a_generic_user_agent(llama: LlamaServer, tmp_path: Path)
     ((name, sdk),) = clients.items()
     assert sdk.startswith("OpenAI/Python ") and name == f"Nightly Bot ({sdk})"
     assert [r["client"] for r in report["rows"]] == [f"Kilo Code ({ua})", name]
+
+
+CLAUDE_PACKAGE = "@anthropic-ai/claude-code@2.1.332"
+CALC_PY = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+
+
+def test_two_claude_code_sessions_at_once_through_llmp_proxy(tmp_path: Path) -> None:
+    """Two `claude -p` runs in one repository at the same time, through `llmp proxy`:
+    one user-agent, one system prompt and tool set; their session header tells them
+    apart."""
+    home = tmp_path / "home"
+    home.mkdir()
+    claude = harness_bin("claude", CLAUDE_PACKAGE, home)
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "calc.py").write_text(CALC_PY)
+    out = tmp_path / "claude.jsonl"
+    ctx = 32768
+    extra = ["--override-kv", f"llama.context_length=int:{ctx}"]
+    with LlamaServer(ctx=ctx, extra_args=extra, log_path=tmp_path / "llama.log") as llama:
+        proxy = LlmpProxy(
+            ["--upstream", llama.url, "--listen", "127.0.0.1:0", "--out", str(out)],
+            tmp_path / "run",
+            tmp_path / "conf",
+        )
+        with proxy:
+            env = base_env(claude.parent, home)
+            env.update(
+                ANTHROPIC_BASE_URL=proxy.url,
+                ANTHROPIC_AUTH_TOKEN=SECRET,
+                ANTHROPIC_MODEL="smollm2",
+                CLAUDE_CODE_MAX_OUTPUT_TOKENS="16",
+                CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+                API_TIMEOUT_MS="900000",
+            )
+            runs = [
+                subprocess.Popen(
+                    [str(claude), "-p", prompt],
+                    cwd=work,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                for prompt in ("What does add do? One sentence.", "What does sub do? One word.")
+            ]
+            for run in runs:
+                run.wait(timeout=1500)  # its exit code is the model's doing (max tokens)
+            assert proxy.stop() == 0
+    data = out.read_text()
+    assert SECRET not in data
+    records = read_records(out)
+    chat = [r for r in records if r["request"]["path"] == "/v1/messages"]
+    sessions = {r["request"]["headers"].get("x-claude-code-session-id") for r in chat}
+    assert len(sessions) == 2 and all(s and s.startswith("fnv1a:") for s in sessions)
+    report = _report(out)
+    assert report["coverage"]["conversations"] == 2
+    by_id = {r["id"]: r for r in report["rows"]}
+    session_of = {r["id"]: r["request"]["headers"]["x-claude-code-session-id"] for r in chat}
+    convs: dict[str, set[int]] = {}
+    for rid, row in by_id.items():
+        if row["kind"] == "turn":
+            convs.setdefault(session_of[rid], set()).add(row["conversation"])
+    assert sorted(len(c) for c in convs.values()) == [1, 1] and len(convs) == 2
+    assert len(set.union(*convs.values())) == 2  # one conversation each, not the same
+    assert all(c["client"].startswith("claude-cli/") for c in report["clients"])

@@ -46,7 +46,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -59,13 +58,13 @@ from typing import Any
 
 import pytest
 
+from tests.support.harnesses import base_env, harness_bin
 from tests.support.real import LlamaServer, free_port, real_server_marks
 
 pytestmark = real_server_marks()
 
 REPO = Path(__file__).resolve().parents[2]
 LLMP = str(Path(sys.executable).with_name("llmp"))
-HARNESS_BIN_ENV = "LLMP_HARNESS_BIN"
 CTX = 32768
 RUN_TIMEOUT = 900.0  # one `llmp run`; a bound, not an assertion
 TOL = 32  # tokens: the analyzer's reuse tolerance (a template token or two at the end)
@@ -98,58 +97,6 @@ bench = _bench()
 
 
 # ------------------------------------------------------------------ harnesses
-
-
-def harness_bin(name: str, package: str, home: Path) -> Path:
-    """`name` from $LLMP_HARNESS_BIN or PATH, checked to run (HOME `home`); else skip, saying why."""
-    where = os.environ.get(HARNESS_BIN_ENV, "").strip()
-    found: str | None = None
-    if where:
-        candidate = Path(where).expanduser() / name
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            found = str(candidate)
-    found = found or shutil.which(name)
-    if found is None:
-        pytest.skip(
-            f"no {name}: {HARNESS_BIN_ENV}={where or '(unset)'} has none and none is on PATH; "
-            f"install it with `npm install --prefix ~/.cache/llmp-harness/npm {package}` and "
-            f"set {HARNESS_BIN_ENV}=~/.cache/llmp-harness/npm/node_modules/.bin (.ci/run does)"
-        )
-    try:
-        done = subprocess.run(
-            [found, "--version"],
-            env=_base_env(Path(found).parent, home),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"{found} --version did not run: {exc}")
-    if done.returncode != 0:
-        text = (done.stdout + done.stderr).decode("utf-8", "replace").strip()
-        pytest.skip(f"{found} --version exited {done.returncode}: {text[-500:]}")
-    print(f"{name}: {found} ({done.stdout.decode('utf-8', 'replace').strip()})")
-    return Path(found)
-
-
-def _base_env(bin_dir: Path, home: Path) -> dict[str, str]:
-    """An `env -i`-like environment: the harness's bin dir, node, system dirs, an isolated HOME."""
-    path = [str(bin_dir)]
-    node = shutil.which("node")
-    if node:
-        path.append(str(Path(node).parent))  # codex's launcher is a node script
-    path += ["/usr/local/bin", "/usr/bin", "/bin"]
-    env = {
-        "PATH": ":".join(dict.fromkeys(path)),
-        "HOME": str(home),
-        "LANG": "C.UTF-8",
-        "TERM": "dumb",
-        "NO_COLOR": "1",
-    }
-    if "TMPDIR" in os.environ:
-        env["TMPDIR"] = os.environ["TMPDIR"]
-    return env
 
 
 def _project(tmp: Path, name: str) -> Path:
@@ -509,7 +456,7 @@ def test_claude_code_under_llmp_run(tmp_path: Path) -> None:
     home.mkdir()
     claude = harness_bin("claude", CLAUDE_PACKAGE, home)
     work = _project(tmp_path, "claude-proj")
-    env = _base_env(claude.parent, home)
+    env = base_env(claude.parent, home)
     env.update(
         ANTHROPIC_AUTH_TOKEN="dummy-token",
         ANTHROPIC_MODEL="smollm2",
@@ -588,7 +535,7 @@ def test_codex_under_llmp_run(tmp_path: Path) -> None:
     # to --listen, the same for both runs.
     port = free_port()
     (codex_home / "config.toml").write_text(CODEX_CONFIG.format(port=port))
-    env = _base_env(codex.parent, home)
+    env = base_env(codex.parent, home)
     env.update(CODEX_HOME=str(codex_home), LLMP_DUMMY_KEY="dummy-key")
     listen = f"127.0.0.1:{port}"
     exec_ = ["codex", "exec", "--skip-git-repo-check"]

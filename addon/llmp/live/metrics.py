@@ -13,7 +13,8 @@ models keep their names, later ones are counted under `other`.  Client
 labels are resolved when scraped, so a label that gains ` #n` later (a
 second harness with the same user-agent, docs/live.md) is shown as the
 report shows it.  No label ever holds message text: only the API name, the
-client label (a user-agent), the served model's name and the loss cause.
+client label (a user-agent, or the program name a generic one came with),
+the served model's name and the loss cause.
 """
 
 from __future__ import annotations
