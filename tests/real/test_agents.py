@@ -277,7 +277,7 @@ def test_two_claude_code_sessions_at_once_through_llmp_proxy(tmp_path: Path) -> 
     data = out.read_text()
     assert SECRET not in data
     records = read_records(out)
-    chat = [r for r in records if r["request"]["path"] == "/v1/messages"]
+    chat = [r for r in records if r["request"]["path"].split("?")[0] == "/v1/messages"]
     sessions = {r["request"]["headers"].get("x-claude-code-session-id") for r in chat}
     assert len(sessions) == 2 and all(s and s.startswith("fnv1a:") for s in sessions)
     report = _report(out)
