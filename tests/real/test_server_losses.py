@@ -269,9 +269,9 @@ def test_llama_server_defaults_lose_nothing_to_side_calls_or_a_second_agent(
     for mode in ("digest", "tokenized"):
         report = case.reports[mode]
         turns = [r for r in report["rows"] if r["kind"] == "turn" and r["linked_to"] is not None]
-        # The second agent's first turn is still taken for a side-call (one SDK user-agent
-        # for both: issue 30); its later turns link, and nothing is charged either way.
-        assert len(turns) >= 3, [(r["id"], r["kind"], r["linked_to"]) for r in report["rows"]]
+        # Both agents' later turns link (the second agent's first turn is a turn too, though
+        # one SDK user-agent sends both: R33's look-ahead), and nothing is charged.
+        assert len(turns) == 4, [(r["id"], r["kind"], r["linked_to"]) for r in report["rows"]]
         assert report["time"]["lost_tokens"] == 0, report["time"]
         assert report["time"]["by_cause"] == {}
         losses = {"side_call_on_conversation_model", "other_conversation_eviction"}
