@@ -529,7 +529,8 @@ class Engine:
         if link is not None:
             linked_to = link.conv.last.row_id
             btw = between(s, linked_to, served, conv.number)
-        verdict = losses(st, counts, btw, cfg, served in s.rolls_back)
+        down = linked_to is not None and s.down_since(linked_to)
+        verdict = losses(st, counts, btw, cfg, served in s.rolls_back, down)
         if verdict.rolled_back:
             s.rolls_back.add(served)
         row = Row(

@@ -141,6 +141,9 @@ class Session:
         self.lru: OrderedDict[int, Conversation] = OrderedDict()
         self.ring: deque[RingEntry] = deque(maxlen=cfg.between_window)
         self.skipped: deque[int] = deque(maxlen=1024)
+        self.down: deque[int] = deque(maxlen=1024)
+        """Chat requests the server could not take because it was not there (no connect,
+        a time-out, 503 while it loads): it may have restarted, and lost its cache so."""
         # Served models whose Ollama counts proved the old prompt_eval_count meaning.
         self.ollama_old: set[str] = set()
         self.rolls_back: set[str] = set()
@@ -173,6 +176,12 @@ class Session:
         """A chat request that is no row: remembered when it may have taken a slot."""
         if may_have_run(rec):
             self.skipped.append(rec["id"])
+        elif was_down(rec):
+            self.down.append(rec["id"])
+
+    def down_since(self, since: int) -> bool:
+        """The server was seen down after record `since`."""
+        return bool(self.down) and self.down[-1] > since
 
     def candidates(self, ua: str | None, served: str) -> OrderedDict[int, Conversation] | None:
         return self.by_key.get((ua, served))
@@ -250,6 +259,16 @@ def may_have_run(rec: dict[str, Any]) -> bool:
     resp = rec.get("response")
     status = resp.get("status") if isinstance(resp, dict) else None
     return not (type(status) is int and (400 <= status < 500 or status == 503))
+
+
+def was_down(rec: dict[str, Any]) -> bool:
+    """A chat request that found no server: no connect, a time-out, or a 503 (llama-server
+    answers 503 "Loading model" while it starts)."""
+    err = rec.get("error")
+    if err is not None:
+        return type(err) is str and err in NOT_SENT_ERRORS
+    resp = rec.get("response")
+    return isinstance(resp, dict) and resp.get("status") == 503
 
 
 def lcp(a: tuple[str, ...], b: tuple[str, ...]) -> int:

@@ -787,7 +787,12 @@ def _tools_missing_from_estimate(prompt: float, without: int, tools: int) -> boo
 
 
 def losses(
-    st: Structure, counts: Counts, btw: Between | None, cfg: Config, rolls_back: bool = False
+    st: Structure,
+    counts: Counts,
+    btw: Between | None,
+    cfg: Config,
+    rolls_back: bool = False,
+    down: bool = False,
 ) -> Verdict:
     """Predicted and observed reuse, the two losses, and the row's cause.
 
@@ -795,6 +800,8 @@ def losses(
     (`drop_unrendered_tools`); the row's composition is taken from `st` after.
     `rolls_back`: the served model was seen going back into a changed message before
     (`Verdict.rolled_back`), so its cache can return to any position (R31).
+    `down`: the server was found down since the linked turn (a restart empties the
+    cache whatever the model), so a shortfall keeps its own kind, not R31's.
     """
     # Every row comes here: `Structure.total` and `.source` and `weakest` of two are
     # inlined, and the tools are only looked at when there are some.
@@ -887,7 +894,7 @@ def losses(
                 kind = SERVER_HEAD_ONLY
             else:
                 kind = SERVER_ROLLBACK
-            if charged:
+            if charged and not down:
                 # R31: the client's change began at P; a cache that cannot return to an
                 # earlier position re-read what came before it too.
                 kind = SERVER_NO_ROLLBACK
