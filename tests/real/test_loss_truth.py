@@ -437,10 +437,10 @@ def test_cut_after_context_error_is_charged_what_the_server_reprocessed(
     assert row["lost_external"] is None
     if mode == "digest":
         # A digest keeps no error body, so the refused prompt's server count (which
-        # measures the new content exactly in full mode) is gone, and the new content
-        # is estimated: here a pasted log, whose digits this tokenizer reads one token
-        # each, so chars / 4 falls short.  The figure says it rests on an estimate.
-        _check_charge(context_cut, 3, row["lost_client"], tolerance=0.25, source="estimate")
+        # measures the new content exactly in full mode) is gone; the new content is
+        # the recorder's own count of each message with the server's tokenizer
+        # (llmp_tokenize), and the figure says it rests on that.
+        _check_charge(context_cut, 3, row["lost_client"], source="tokenizer")
     else:
         _check_charge(context_cut, 3, row["lost_client"])
         _balanced(context_cut, 3, mode)
