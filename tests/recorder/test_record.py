@@ -367,3 +367,21 @@ def test_hangup_before_the_end_event_stays_an_error() -> None:
         rec = build_record(cap, "digest")
         assert rec["error"] == "client_disconnected", path
         assert rec["response"]["chunks"] >= 1
+
+
+def test_shutdown_after_the_end_event_is_complete() -> None:
+    """mitmproxy calls `done` before every streamed flow's `response` hook has run:
+    an exchange whose end event was relayed is whole; one cut before it is not."""
+    for path, stream, end in (
+        ("/v1/messages", ANTHROPIC_STREAM, b"event: message_stop"),
+        ("/v1/responses", RESPONSES_STREAM, b"event: response.completed"),
+        ("/v1/chat/completions", SSE, b"data: [DONE]"),
+    ):
+        cap = _with_pieces(_cap(path=path), stream)
+        cap.cut_at_shutdown = True
+        cap.error = "upstream_reset"
+        assert build_record(cap, "digest")["error"] is None, path
+        cap = _with_pieces(_cap(path=path), stream[: stream.index(end)])
+        cap.cut_at_shutdown = True
+        cap.error = "upstream_reset"
+        assert build_record(cap, "digest")["error"] == "upstream_reset", path

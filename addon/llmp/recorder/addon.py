@@ -172,6 +172,7 @@ class Recorder:
         if self.writer is None:
             return
         for cap in sorted(self._inflight.values(), key=lambda c: c.id):
+            cap.cut_at_shutdown = True
             cap.set_error("upstream_reset")
             self._finish(cap)
         self._inflight.clear()

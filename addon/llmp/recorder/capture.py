@@ -130,6 +130,9 @@ class Capture:
     tokenize: str | None = None
     """The upstream's base URL when the record is to carry its token counts
     (`llmp_tokenize`); the builder asks it, never the client's path."""
+    cut_at_shutdown: bool = False
+    """Still in flight when the proxy shut down (R13's `upstream_reset`, unless the
+    stream's end event had already been relayed: R29)."""
     tapped: bool = False
     """A `stream_tap` keeps the pieces: the byte counts, tail and first-byte time
     are `settle`'s to work out (until the limit is reached, see `past_limit`)."""

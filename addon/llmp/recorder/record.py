@@ -15,7 +15,7 @@ from typing import Any
 
 from llmp.apis import ChatApi, api_for
 from llmp.format import canonical
-from llmp.format.schema import CLIENT_DISCONNECTED, FULL, RECORD_VERSION
+from llmp.format.schema import CLIENT_DISCONNECTED, FULL, RECORD_VERSION, UPSTREAM_RESET
 from llmp.recorder.capture import Capture
 from llmp.recorder.stream import StreamCapture, sniff_stream
 
@@ -153,7 +153,7 @@ def _response_part(
     digest_api = api if api is not None and 200 <= cap.status < 300 else None
     if kind is None:
         data = b"".join(data_pieces)
-        if cap.error == CLIENT_DISCONNECTED and _plain_complete(cap):
+        if _cut_after_the_end(cap) and _plain_complete(cap):
             cap.error = None
         if cap.truncated:
             if mode == FULL and data:
@@ -180,7 +180,7 @@ def _response_part(
     if first_event is None and stream.events and times:
         first_event = times[-1]  # an NDJSON line the end of the body closed
     merged = stream.merged()
-    if cap.error in _AFTER_THE_END and _stream_complete(cap, kind, stream.done_seen):
+    if _cut_after_the_end(cap) and _stream_complete(cap, kind, stream.done_seen):
         cap.error = None  # the end event was relayed: the client had everything (R29)
     part["stream"] = kind
     part["chunks"] = stream.chunks
@@ -198,7 +198,14 @@ def _response_part(
 _AFTER_THE_END = frozenset((CLIENT_DISCONNECTED,))
 """The client's hang-up or reset after the end event: no error then (R29).  A server
 that fails after it (a body shorter than its Content-Length) stays `upstream_reset`:
-the client's HTTP library saw a broken response too."""
+the client's HTTP library saw a broken response too.  A shutdown that finds the
+exchange in flight after its end event was relayed is no error either: mitmproxy
+calls `done` before it has run every streamed flow's `response` hook."""
+
+
+def _cut_after_the_end(cap: Capture) -> bool:
+    """Was the exchange cut in a way that is no error once the response was whole?"""
+    return cap.error in _AFTER_THE_END or (cap.cut_at_shutdown and cap.error == UPSTREAM_RESET)
 
 
 def _stream_complete(cap: Capture, kind: str, done_seen: bool) -> bool:
