@@ -254,3 +254,50 @@ def test_a_mixed_recording_s_rows(tmp_path: Path) -> None:
             assert c_line(row) == row.spill_line()
     finally:
         kept.close()
+
+
+# -- a build that does not fit Row is refused ---------------------------------
+
+
+class _StaleBuild:
+    """A `_rowjson` build that names its fields differently from `Row`'s: what an old .so is."""
+
+    def __init__(self, **names: tuple[str, ...]) -> None:
+        assert _rowjson is not None
+        self.calls = 0
+        for attr in ("WRITES", "MARKER", "COUNTS", "LOSS"):
+            setattr(self, attr, names.get(attr, getattr(_rowjson, attr)))
+
+    def spill_line(self, row: Row) -> bytes | None:
+        self.calls += 1
+        return c_line(row)
+
+
+def test_the_built_writer_fits_row() -> None:
+    assert _rowjson is not None
+    assert rows.c_writer_fits(_rowjson)
+    fitting = _StaleBuild()
+    assert rows.writer(fitting) is not Row.spill_line
+    rows.writer(fitting)(small_row())
+    assert fitting.calls == 1
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        {"WRITES": ("id", "api", "model", "client", "t_start_ms")},  # a field missing
+        {"WRITES": ("id", "model", "api", "client", *rows._TAIL)},  # two fields swapped
+        {"MARKER": ("client", "recording", "draft_n")},
+        {"COUNTS": ("prompt_tokens", "completion_tokens")},
+        {"LOSS": ("cause", "tokens")},
+        {"WRITES": ()},  # a build from before the names were exported
+    ],
+)
+def test_a_stale_build_is_refused_for_the_python_writer(names: dict[str, tuple[str, ...]]) -> None:
+    stale = _StaleBuild(**names)
+    assert not rows.c_writer_fits(stale)
+    write = rows.writer(stale)
+    assert write is Row.spill_line
+    row = small_row()
+    assert write(row) == c_line(row) == row.spill_line()
+    assert stale.calls == 0

@@ -378,12 +378,16 @@ static int put_composition(Buf *b, PyObject *row) {
 }
 
 /* Fields after `composition`, each `"name":value`, in the report's order. */
-static const int PLAIN_TAIL[] = {A_linked_to, A_new_conversation, A_prefix_tokens, A_break_cause,
-                                 A_compaction, A_predicted_reuse, A_observed_reuse, A_cause};
-static const int LIST_TAIL[] = {A_side_calls_between, A_other_conversations_between,
-                                A_other_domains_between, A_loss_measured, A_changed};
-static const int HEAD_TAIL[] = {A_t_start_ms, A_kind, A_side_call_shape, A_session,
-                                A_conversation, A_turn};
+#define PLAIN_TAIL_NAMES \
+    A_linked_to, A_new_conversation, A_prefix_tokens, A_break_cause, A_compaction, \
+        A_predicted_reuse, A_observed_reuse, A_cause
+#define LIST_TAIL_NAMES \
+    A_side_calls_between, A_other_conversations_between, A_other_domains_between, \
+        A_loss_measured, A_changed
+#define HEAD_TAIL_NAMES A_t_start_ms, A_kind, A_side_call_shape, A_session, A_conversation, A_turn
+static const int PLAIN_TAIL[] = {PLAIN_TAIL_NAMES};
+static const int LIST_TAIL[] = {LIST_TAIL_NAMES};
+static const int HEAD_TAIL[] = {HEAD_TAIL_NAMES};
 
 static int put_key(Buf *b, int name) {
     const char *s = NAME_TEXT[name];
@@ -462,6 +466,16 @@ static PyObject *spill_line(PyObject *self, PyObject *row) {
 
 /* ------------------------------------------------------------ the module */
 
+/* `names` as a tuple of str, set as the module's attribute `attr`. */
+static int add_names(PyObject *m, const char *attr, const int *names, size_t count) {
+    PyObject *t = PyTuple_New((Py_ssize_t)count);
+    if (t == NULL) return -1;
+    for (size_t i = 0; i < count; i++) PyTuple_SET_ITEM(t, (Py_ssize_t)i, Py_NewRef(NAME[names[i]]));
+    int r = PyModule_AddObjectRef(m, attr, t);
+    Py_DECREF(t);
+    return r;
+}
+
 static PyMethodDef methods[] = {
     {"spill_line", spill_line, METH_O,
      "spill_line(row) -> bytes | None\n\n"
@@ -485,5 +499,21 @@ PyMODINIT_FUNC PyInit__rowjson(void) {
         NAME[i] = PyUnicode_InternFromString(NAME_TEXT[i]);
         if (NAME[i] == NULL) return NULL;
     }
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    /* What this build writes, for rows.py to compare with the Python definition
+       at import: a build older than Row refuses itself there instead of writing
+       the old schema. */
+    static const int WRITES[] = {A_id, A_api, A_model, A_client, HEAD_TAIL_NAMES, A_counts,
+                                 A_composition, PLAIN_TAIL_NAMES, A_lost_client,
+                                 A_lost_external, LIST_TAIL_NAMES};
+    static const int MARKER[] = {A_client, A_recording, A_draft_n, A_draft_n_accepted};
+    if (add_names(m, "WRITES", WRITES, COUNT(WRITES)) < 0
+        || add_names(m, "MARKER", MARKER, COUNT(MARKER)) < 0
+        || add_names(m, "COUNTS", COUNTS_FIELDS, COUNT(COUNTS_FIELDS)) < 0
+        || add_names(m, "LOSS", LOSS_FIELDS, COUNT(LOSS_FIELDS)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -11,11 +11,13 @@ with a row's own bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import orjson
 
+from llmp.apis.base import FIELDS as COUNT_FIELDS
 from llmp.apis.base import Counts
 from llmp.format.measure import MV, Sum, as_json
 
@@ -256,9 +258,38 @@ class LossByCause:
         return sorted(self.causes.items())
 
 
-def _spill_line_c(row: Row) -> bytes:
-    line = _rowjson.spill_line(row)
-    return line if line is not None else row.spill_line()
+def c_writer_fits(mod: Any) -> bool:
+    """Whether a build of `_rowjson.c` writes the fields `Row` defines, in the same order.
+
+    The C writer names its fields itself, so a build older than this file would
+    write the old schema without an error; it is used only when the names it says
+    it writes are this file's (the keys of `Row.tail`, `Counts`' and `Loss`'s)."""
+    row = {f.name for f in fields(Row)}
+    return (
+        tuple(getattr(mod, "WRITES", ())) == ("id", "api", "model", "client", *_TAIL)
+        and tuple(getattr(mod, "MARKER", ())) == _MARKER
+        and set(_MARKER) <= row
+        and set(_TAIL) <= row
+        and tuple(getattr(mod, "COUNTS", ())) == COUNT_FIELDS
+        and tuple(getattr(mod, "LOSS", ())) == tuple(f.name for f in fields(Loss))
+    )
+
+
+_MARKER = ("client", "recording", "draft_n", "draft_n_accepted")
+"""What goes between the two NULs of a spill line (`Row.spill_line`)."""
+
+
+def writer(mod: Any) -> Callable[[Row], bytes]:
+    """`spill_line` over the C module `mod`: `Row.spill_line` if none is built or it misfits."""
+    if mod is None or not c_writer_fits(mod):
+        return Row.spill_line
+    c_line = mod.spill_line
+
+    def spill_line_c(row: Row) -> bytes:
+        line = c_line(row)
+        return line if line is not None else row.spill_line()
+
+    return spill_line_c
 
 
 try:
@@ -266,11 +297,11 @@ try:
 except ImportError:  # built without a C compiler: the Python writer, the same bytes
     _rowjson = None  # type: ignore[assignment]
 
-spill_line = _spill_line_c if _rowjson is not None else Row.spill_line
+spill_line = writer(_rowjson)
 """`Row.spill_line()`'s bytes: from the C writer (`_rowjson.c`, about half the time of
-building and dumping the row's dicts) where it was built, else from `Row.spill_line`.
-The C writer gives the Python writer every row it cannot write itself, so the two
-always agree (tests/analysis/test_rowjson.py)."""
+building and dumping the row's dicts) where it was built and fits `Row`, else from
+`Row.spill_line`.  The C writer gives the Python writer every row it cannot write
+itself, so the two always agree (tests/analysis/test_rowjson.py)."""
 
 
 def join_spilled(line: bytes, labels: list[bytes]) -> bytes:

@@ -120,7 +120,7 @@ class FastTool(ToolDef, forbid_unknown_fields=True):
     chars: Int | None = None
 
 
-class Params(_Strict):
+class FastParams(_Strict):
     max_tokens: Int | None = None
     response_format: bool | None = None
     grammar: bool | None = None
@@ -131,9 +131,9 @@ class Params(_Strict):
 NULL = msgspec.Raw(b"null")
 
 
-class RequestDigest(_Strict):
+class FastRequestDigest(_Strict):
     model: str | None = None
-    params: Params | None = None
+    params: FastParams | None = None
     messages: msgspec.Raw = NULL
     """Raw JSON: `Histories.decode` makes it a list of `FastMsg`s."""
     tools: msgspec.Raw = NULL
@@ -141,16 +141,16 @@ class RequestDigest(_Strict):
     tools_hash: str | None = None
 
 
-class Output(_Strict):
+class FastOutput(_Strict):
     content_chars: Int | None = None
     reasoning_chars: Int | None = None
     tool_calls: list[CallRef] | None = None
 
 
-class ResponseDigest(_Strict):
+class FastResponseDigest(_Strict):
     usage: msgspec.Raw = NULL
     """Raw JSON: `usage()` parses it."""
-    output: Output | None = None
+    output: FastOutput | None = None
 
 
 class Headers(
@@ -202,7 +202,7 @@ class Request(_Strict):
     body_bytes: int | None = None
     body: None = None
     body_text: str | None = None
-    digest: RequestDigest | None = None
+    digest: FastRequestDigest | None = None
 
 
 class Response(_Strict):
@@ -215,10 +215,10 @@ class Response(_Strict):
     truncated: bool | None = None
     body: None = None
     body_text: str | None = None
-    digest: ResponseDigest | None = None
+    digest: FastResponseDigest | None = None
 
 
-class Tokens(_Strict):
+class FastTokens(_Strict):
     messages: dict[str, Int] | None = None
     tools: dict[str, Int] | None = None
 
@@ -236,7 +236,7 @@ class DigestRecord(_Strict):
     t_end_ms: Int | None = None
     response: Response | None = None
     error: str | None = None
-    tokens: Tokens | None = None
+    tokens: FastTokens | None = None
 
 
 class LlamaDetails(_Strict):
@@ -277,7 +277,7 @@ class LlamaTop(_Strict):
     timings: LlamaTimings | None = None
 
 
-class LlamaResponseDigest(ResponseDigest):
+class LlamaResponseDigest(FastResponseDigest):
     """A response digest whose `usage` is llama-server's (or null), decoded in the
     line's own pass instead of a second one (`decode_llama_digest`)."""
 
@@ -492,7 +492,7 @@ def decode_llama_digest(line: bytes | memoryview) -> LlamaRecord | None:
     return rec if rec.v == 1 else None
 
 
-def usage(digest: ResponseDigest) -> Any:
+def usage(digest: FastResponseDigest) -> Any:
     """The response digest's `usage`, parsed as the plain reader parses it.
 
     Wrapped in the three levels that hold it in a line (record, response,
@@ -506,7 +506,7 @@ def usage(digest: ResponseDigest) -> Any:
     return orjson.loads(b"".join((b"[[[", raw, b"]]]")))[0][0][0]
 
 
-def llama_usage(digest: ResponseDigest) -> LlamaTop | None:
+def llama_usage(digest: FastResponseDigest) -> LlamaTop | None:
     """The response digest's `usage` as a `LlamaTop`, or None: parse it with `usage`.
 
     Only a text that is all llama-server's fields, each of its JSON type, reads
