@@ -71,6 +71,7 @@ def test_shared_cache_keeps_the_agent_across_a_side_call(kind: str, tmp_path: Pa
     block = 16 if kind == "vllm" else 1
     assert first_prompt - block <= cached <= first_prompt
     assert cached % block == 0
+    assert [r["response"]["headers"]["server"] for r in records] == ["uvicorn"] * 3
     body = records[2]["response"]["body"]
     assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
     assert body["choices"][0]["message"]["content"] == content
