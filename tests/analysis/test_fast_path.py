@@ -84,6 +84,23 @@ def test_fast_path_gives_the_plain_report(name: str, mode: str, tmp_path: Path) 
     assert page_parts([path], fast=True) == page_parts([path], fast=False)
 
 
+def test_response_server_header_read_alike(tmp_path: Path) -> None:
+    """A response's `server` header (kept by the recorder) leaves the fast path open."""
+    plain = sc.both_agents().write(tmp_path / "plain.jsonl", "digest")
+    lines = []
+    for line in plain.read_bytes().splitlines():
+        rec = orjson.loads(line)
+        if isinstance(rec.get("response"), dict):
+            rec["response"]["headers"]["server"] = "uvicorn"
+        lines.append(record_dumps(rec) + b"\n")
+    served = tmp_path / "served.jsonl"
+    served.write_bytes(b"".join(lines))
+    assert b'"server":"uvicorn"' in served.read_bytes()
+    assert fast_lines(served) == fast_lines(plain) > 0
+    assert report_bytes([served], fast=True) == report_bytes([served], fast=False)
+    assert report_bytes([served], fast=True) == report_bytes([plain], fast=True)
+
+
 def test_readable_report_is_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = sc.both_agents().write(tmp_path / "rec.jsonl", "mixed")
     fast = readable([path], monkeypatch, True)

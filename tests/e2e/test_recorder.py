@@ -22,7 +22,7 @@ import pytest
 
 from llmp.apis.openai_chat import OpenAIChat
 from llmp.format import canonical
-from llmp.format.schema import NAMING_HEADERS, SESSION_HEADERS
+from llmp.format.schema import NAMING_HEADERS, SERVER_HEADERS, SESSION_HEADERS
 from tests.support.mitm import Mitmdump, MitmdumpError, read_records, wait_for_records
 from tests.support.upstreams import BlackHole, ClosedPort, Upstream
 
@@ -88,7 +88,12 @@ def _assert_common(rec: dict[str, Any]) -> None:
     plain = {"user-agent", "content-type", "content-length", "transfer-encoding"}
     # R32: a request also keeps the harness's identity headers (the SDK's retry count).
     request_headers = plain | set(NAMING_HEADERS) | set(SESSION_HEADERS)
-    for part, allowed in ((rec["request"], request_headers), (rec["response"] or {}, plain)):
+    # A response also keeps the program that served it (`server`).
+    response_headers = plain | set(SERVER_HEADERS)
+    for part, allowed in (
+        (rec["request"], request_headers),
+        (rec["response"] or {}, response_headers),
+    ):
         headers = part.get("headers", {})
         assert set(headers) <= allowed
         set_fields = [k for k in ("body", "body_text", "digest") if part.get(k) is not None]

@@ -174,7 +174,7 @@ class Headers(
         "affinity": "x-affinity",
     },
 ):
-    """The headers a record keeps (spec: Request, `headers`; R32)."""
+    """The headers a record keeps (spec: Request, `headers`; R32; a response's `server`)."""
 
     user_agent: str | None = None
     content_type: str | None = None
@@ -193,6 +193,7 @@ class Headers(
     x_session_id: str | None = None
     session_affinity: str | None = None
     affinity: str | None = None
+    server: str | None = None
 
 
 class Request(_Strict):

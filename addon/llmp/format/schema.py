@@ -40,6 +40,10 @@ SESSION_HEADERS = (
 """Kept only as `fnv1a:<16 hex>` of the value: they identify a session, and are only
 ever compared."""
 
+SERVER_HEADERS = ("server",)
+"""The response headers kept verbatim besides R15's four: they name the server's program,
+which tells the analyzer whose cache model applies (issue 29)."""
+
 StreamKind = Literal["sse", "ndjson"]
 SSE: StreamKind = "sse"
 NDJSON: StreamKind = "ndjson"

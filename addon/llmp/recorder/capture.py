@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from llmp.format.canonical import hash_bytes
-from llmp.format.schema import NAMING_HEADERS, SESSION_HEADERS
+from llmp.format.schema import NAMING_HEADERS, SERVER_HEADERS, SESSION_HEADERS
 
 TAIL_BYTES = 64
 KEPT_HEADERS = ("user-agent", "content-type", "content-length", "transfer-encoding")
@@ -63,14 +63,27 @@ def keep_request_headers(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
     return kept
 
 
+def keep_response_headers(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """R15's four, and `server` verbatim: it names the program whose cache served the turn."""
+    pairs = list(pairs)
+    kept = keep_headers(pairs)
+    own: dict[str, list[str]] = {}
+    for name, value in pairs:
+        low = name.lower()
+        if low in SERVER_HEADERS:
+            own.setdefault(low, []).append(value)
+    kept.update((name, ", ".join(values)) for name, values in own.items())
+    return kept
+
+
 def _text(raw: bytes) -> str:
     """A header name or value as mitmproxy's `Headers` gives it (`_native`)."""
     return raw.decode("utf-8", "surrogateescape")
 
 
-def kept_fields(fields: HeaderFields) -> dict[str, str]:
-    """`keep_headers` of raw header fields, decoded as `Headers.items(multi=True)` does."""
-    return keep_headers((_text(name), _text(value)) for name, value in fields)
+def kept_response_fields(fields: HeaderFields) -> dict[str, str]:
+    """`keep_response_headers` of raw header fields."""
+    return keep_response_headers((_text(name), _text(value)) for name, value in fields)
 
 
 def kept_request_fields(fields: HeaderFields) -> dict[str, str]:
@@ -158,7 +171,7 @@ class Capture:
             self.request_encoding = content_encoding(self.request_fields)
             self.request_fields = None
         if self.response_fields is not None:
-            self.response_headers = kept_fields(self.response_fields)
+            self.response_headers = kept_response_fields(self.response_fields)
             self.response_encoding = content_encoding(self.response_fields)
             self.response_fields = None
         self._count_pieces()

@@ -22,7 +22,8 @@ server and the ``App`` a flavour implements), ``model`` (the fake model and its 
 cache), then one module per API: ``llama`` (chat and side endpoints),
 ``anthropic`` (``/v1/messages``) and ``responses`` (``/v1/responses``) of
 llama-server; ``ollama`` (``/api/chat``) and ``ollama_openai``
-(``/v1/chat/completions``) of Ollama. ``dead`` holds the addresses where no
+(``/v1/chat/completions``) of Ollama; ``shared_cache`` (vLLM's and SGLang's
+``/v1/chat/completions`` over one shared prefix cache). ``dead`` holds the addresses where no
 server answers.
 """
 
@@ -57,6 +58,7 @@ from llmp.demo.fakes.ollama import OLLAMA_LOAD_NS, OLLAMA_VERSION, Ollama, go_du
 from llmp.demo.fakes.ollama_openai import OllamaOpenAI
 from llmp.demo.fakes.raw import App, RawServer
 from llmp.demo.fakes.responses import OpenAIResponses
+from llmp.demo.fakes.shared_cache import PrefixCache, SharedCacheServer
 
 __all__ = [
     "GARBAGE_NDJSON",
@@ -79,6 +81,8 @@ __all__ = [
     "Exchange",
     "FakeModel",
     "Flavor",
+    "PrefixCache",
+    "SharedCacheServer",
     "Upstream",
     "count_tokens",
     "go_dumps",
@@ -89,8 +93,10 @@ __all__ = [
 ]
 
 
-def _app(flavor: Flavor, model: FakeModel) -> App:
+def _app(flavor: Flavor, model: FakeModel, capacity: int, cache_report: bool) -> App:
     """The flavour's server with all of its APIs, over one model."""
+    if flavor == "vllm" or flavor == "sglang":
+        return SharedCacheServer(model, flavor, capacity=capacity, cache_report=cache_report)
     if flavor == "llama":
         llama = Llama(model)
         llama.add_routes(AnthropicMessages(llama).routes())
@@ -102,7 +108,10 @@ def _app(flavor: Flavor, model: FakeModel) -> App:
 
 
 class Upstream(RawServer):
-    """A fake llama-server (``flavor="llama"``) or Ollama (``"ollama"``).
+    """A fake llama-server (``flavor="llama"``), Ollama (``"ollama"``), vLLM or SGLang.
+
+    vLLM and SGLang keep one shared prefix cache of ``capacity`` tokens, and
+    report its hits only with ``cache_report`` (their servers' flags).
 
     Runs until ``close()`` (or the end of the ``with`` block). ``log`` is the
     list of ``Exchange`` in arrival order. llama-server serves chat,
@@ -118,8 +127,10 @@ class Upstream(RawServer):
         model_file: str = LLAMA_MODEL_FILE,
         reply: str | None = None,
         reasoning: str = REASONING_TEXT,
+        capacity: int = 1 << 20,
+        cache_report: bool = True,
     ) -> None:
-        if flavor not in ("llama", "ollama"):
+        if flavor not in ("llama", "ollama", "vllm", "sglang"):
             raise ValueError(f"unknown flavor {flavor!r}")
         self.flavor: Flavor = flavor
         self.model = FakeModel(
@@ -129,7 +140,9 @@ class Upstream(RawServer):
             reasoning=reasoning,
             model_file=model_file,
         )
-        super().__init__(_app(flavor, self.model), fake=fake, name=f"fake-{flavor}")
+        super().__init__(
+            _app(flavor, self.model, capacity, cache_report), fake=fake, name=f"fake-{flavor}"
+        )
 
     # the model's settings, settable as they were on the one-module Upstream
 

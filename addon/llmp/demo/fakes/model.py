@@ -18,11 +18,13 @@ from typing import Any, Literal
 
 from llmp.demo.fakes.exchange import Exchange
 
-Flavor = Literal["llama", "ollama"]
+Flavor = Literal["llama", "ollama", "vllm", "sglang"]
 
 REPLY_TEXT: dict[str, str] = {
     "llama": "Hello from fake llama",
     "ollama": "Hello from fake ollama",
+    "vllm": "Hello from fake vllm",
+    "sglang": "Hello from fake sglang",
 }
 REASONING_TEXT = "Let me think about it."
 TOOL_ARGS: dict[str, Any] = {"city": "Tokyo"}
