@@ -18,9 +18,11 @@ from llmp.apis.base import (
     Counts,
     digest_message,
     first_int,
+    int_index,
     is_set,
     last_non_null,
     nonneg,
+    text_of,
 )
 from llmp.apis.openai_chat import timings_into
 from llmp.format import canonical
@@ -66,17 +68,15 @@ def _hashed_content(content: Any) -> Any:
     return strip_cache_control(content)
 
 
-def _str(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
 def _text_blocks(content: Any) -> str:
     """A `tool_result`'s content: a string, or its `text` blocks joined."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         return "".join(
-            _str(b.get("text")) for b in content if isinstance(b, dict) and b.get("type") == "text"
+            text_of(b.get("text"))
+            for b in content
+            if isinstance(b, dict) and b.get("type") == "text"
         )
     return ""
 
@@ -91,9 +91,9 @@ def block_text(block: Any) -> str:
         return ""
     kind = block.get("type")
     if kind == "text":
-        return _str(block.get("text"))
+        return text_of(block.get("text"))
     if kind == "thinking":
-        return _str(block.get("thinking"))
+        return text_of(block.get("thinking"))
     if kind == "tool_use":
         return dumps(block).decode("utf-8")
     if kind == "tool_result":
@@ -217,9 +217,9 @@ class AnthropicMessages(ChatApi):
                 continue
             kind = b.get("type")
             if kind == "text":
-                text += len(_str(b.get("text")))
+                text += len(text_of(b.get("text")))
             elif kind == "thinking":
-                thinking += len(_str(b.get("thinking")))
+                thinking += len(text_of(b.get("thinking")))
         return {
             "usage": usage,
             "output": {
@@ -259,11 +259,6 @@ def anthropic_counts(top: dict[str, Any]) -> Counts:
 
 
 # -- the stream merge (R23) -----------------------------------------------------------
-
-
-def _index(value: Any) -> int | None:
-    """An integer `index` (booleans are not), else None."""
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 # The block type a delta implies, for a delta whose block never started.
@@ -313,9 +308,9 @@ class _Block:
     def result(self) -> dict[Any, Any]:
         out = dict(self.base)
         if self.text is not None:
-            out["text"] = _str(out.get("text")) + "".join(self.text)
+            out["text"] = text_of(out.get("text")) + "".join(self.text)
         if self.thinking is not None:
-            out["thinking"] = _str(out.get("thinking")) + "".join(self.thinking)
+            out["thinking"] = text_of(out.get("thinking")) + "".join(self.thinking)
         if self.json is not None:
             raw = "".join(self.json)
             if raw:  # only empty fragments came: the start's input stands
@@ -391,7 +386,7 @@ class MessagesMerger:
                     self._blocks[pos] = _Block(block)
 
     def _block_start(self, event: dict[str, Any]) -> None:
-        index = _index(event.get("index"))
+        index = int_index(event.get("index"))
         if index is None:
             index = max(self._blocks) + 1 if self._blocks else 0
         block = event.get("content_block")
@@ -406,7 +401,7 @@ class MessagesMerger:
         implied = _DELTA_BLOCK.get(kind) if isinstance(kind, str) else None
         if implied is None:
             return  # citations_delta and the like: not part of the text
-        index = _index(event.get("index"))
+        index = int_index(event.get("index"))
         if index is None:
             index = self._last if self._last is not None else 0
         block = self._blocks.get(index)

@@ -46,10 +46,14 @@ __all__ = [
     "digest_message",
     "edge_hashes",
     "first_int",
+    "int_index",
     "is_set",
     "make_tool_digest",
     "nonneg",
+    "nonneg_int",
+    "nonneg_number",
     "string_end",
+    "text_of",
     "tools_part",
 ]
 
@@ -431,6 +435,28 @@ def first_int(*values: Any) -> int | None:
     for value in values:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return int(value)
+    return None
+
+
+def text_of(value: Any) -> str:
+    """A string value, or "" for anything else (a damaged field reads as empty)."""
+    return value if isinstance(value, str) else ""
+
+
+def int_index(value: Any) -> int | None:
+    """An integer `index` of a stream event (booleans are not), else None."""
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def nonneg_int(value: Any) -> int | None:
+    """A non-negative plain `int` (no bool, no float), else None: a counter as sent."""
+    return value if type(value) is int and value >= 0 else None
+
+
+def nonneg_number(value: Any) -> float | None:
+    """A non-negative number as a plain float (a full record's RawFloat too), else None."""
+    if type(value) is float or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return float(value) if value >= 0 else None
     return None
 
 

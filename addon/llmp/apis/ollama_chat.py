@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmp.apis.base import CountHints, Counts, last_non_null
+from llmp.apis.base import CountHints, Counts, last_non_null, nonneg_int, nonneg_number
 from llmp.apis.openai_chat import OpenAIChat
 from llmp.format.measure import ESTIMATE, MV, SERVER, weakest
 
@@ -41,18 +41,6 @@ class OllamaChat(OpenAIChat):
         return n if type(n) is int and n > 0 else None
 
 
-def _int(value: Any) -> int | None:
-    if type(value) is int and value >= 0:
-        return value
-    return None
-
-
-def _num(value: Any) -> float | None:
-    if type(value) is float or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-        return float(value) if value >= 0 else None
-    return None
-
-
 def _srv(value: float | None) -> MV | None:
     return None if value is None else (value, SERVER)
 
@@ -72,14 +60,14 @@ def ollama_counts(top: dict[str, Any], hints: CountHints) -> Counts:
     done = top.get("done") is True
 
     def count(key: str) -> int | None:
-        value = _int(top.get(key))
+        value = nonneg_int(top.get(key))
         if value is None and done and top.get(key) is None:
             return 0  # the final object leaves a counter out when it is 0
         return value
 
     def ms(key: str) -> MV | None:
         raw = top.get(key)
-        value = _num(raw)
+        value = nonneg_number(raw)
         if value is None:
             return (0.0, SERVER) if done and raw is None else None
         return (value / 1e6, SERVER)
@@ -89,8 +77,8 @@ def ollama_counts(top: dict[str, Any], hints: CountHints) -> Counts:
     c.load_ms = ms("load_duration")
     c.completion_tokens = _srv(count("eval_count"))
 
-    pec = _int(top.get("prompt_eval_count"))
-    cached = _int(top.get("prompt_eval_cached_count"))
+    pec = nonneg_int(top.get("prompt_eval_count"))
+    cached = nonneg_int(top.get("prompt_eval_cached_count"))
     est, est_src = estimated_prompt
     if cached is not None:
         if pec is None:

@@ -24,6 +24,7 @@ from llmp.apis.base import (
     last_non_null,
     make_tool_digest,
     nonneg,
+    nonneg_number,
     string_end,
 )
 from llmp.format import canonical
@@ -217,13 +218,6 @@ class OpenAIChat(ChatApi):
 # -- the counters -----------------------------------------------------------------
 
 
-def _num(value: Any) -> float | None:
-    """A non-negative number as a plain float (a full record's RawFloat too)."""
-    if type(value) is float or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-        return float(value) if value >= 0 else None
-    return None
-
-
 def openai_counts(top: dict[str, Any]) -> Counts:
     """llama-server, vLLM, SGLang, OpenRouter, DeepSeek, Ollama's /v1 (docs/analysis.md §4)."""
     usage = top.get("usage")
@@ -266,10 +260,10 @@ def openai_counts(top: dict[str, Any]) -> Counts:
 
 def timings_into(c: Counts, timings: dict[str, Any]) -> None:
     """llama-server's `timings`: prompt_ms and predicted_ms (any API that carries them)."""
-    pm = _num(timings.get("prompt_ms"))
+    pm = nonneg_number(timings.get("prompt_ms"))
     if pm is not None:
         c.prefill_ms = (pm, SERVER)
-    dm = _num(timings.get("predicted_ms"))
+    dm = nonneg_number(timings.get("predicted_ms"))
     if dm is not None:
         c.decode_ms = (dm, SERVER)
 

@@ -16,8 +16,10 @@ from llmp.apis.base import (
     Counts,
     digest_message,
     first_int,
+    int_index,
     is_set,
     nonneg,
+    text_of,
 )
 from llmp.apis.openai_chat import timings_into
 from llmp.format.canonical import dumps
@@ -42,17 +44,13 @@ __all__ = [
 _TEXT_PARTS = ("input_text", "output_text", "text")  # a tuple: a part type may be unhashable
 
 
-def _str(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
 def _parts_text(value: Any) -> str:
     """A string, or the `text` of its `input_text` / `output_text` / `text` parts joined."""
     if isinstance(value, str):
         return value
     if isinstance(value, list):
         return "".join(
-            _str(p.get("text"))
+            text_of(p.get("text"))
             for p in value
             if isinstance(p, dict) and p.get("type") in _TEXT_PARTS
         )
@@ -63,7 +61,7 @@ def _any_text(parts: Any) -> str:
     """The `text` of every part of a list, whatever its type."""
     if not isinstance(parts, list):
         return ""
-    return "".join(_str(p.get("text")) for p in parts if isinstance(p, dict))
+    return "".join(text_of(p.get("text")) for p in parts if isinstance(p, dict))
 
 
 def reasoning_text(item: dict[str, Any]) -> str:
@@ -206,7 +204,7 @@ class OpenAIResponses(ChatApi):
                 parts = item.get("content")
                 if isinstance(parts, list):
                     content += sum(
-                        len(_str(p.get("text")))
+                        len(text_of(p.get("text")))
                         for p in parts
                         if isinstance(p, dict) and p.get("type") == "output_text"
                     )
@@ -286,11 +284,6 @@ _PAYLOAD_KEYS = frozenset(
 _SKIPPED = _EVENT_KEYS | _PAYLOAD_KEYS
 
 
-def _index(value: Any) -> int | None:
-    """An integer index (booleans are not), else None."""
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 class _Item:
     """An output item announced by `output_item.added`, and its text deltas since."""
 
@@ -304,7 +297,7 @@ class _Item:
         self.current = 0  # the content index a delta without one goes to
 
     def add_part(self, given: Any, part: Any) -> None:
-        index = _index(given)
+        index = int_index(given)
         if index is None:
             known = set(self.parts) | set(self.texts)
             index = max(known) + 1 if known else len(self._content())
@@ -313,7 +306,7 @@ class _Item:
         self.current = index
 
     def add_text(self, given: Any, delta: str) -> None:
-        index = _index(given)
+        index = int_index(given)
         if index is None:
             index = self.current
         self.texts.setdefault(index, []).append(delta)
@@ -335,7 +328,7 @@ class _Item:
                 base = old if isinstance(old, dict) else {"type": "output_text", "text": ""}
             part = dict(base)
             if index in self.texts:
-                part["text"] = _str(part.get("text")) + "".join(self.texts[index])
+                part["text"] = text_of(part.get("text")) + "".join(self.texts[index])
             if inside:
                 content[index] = part
             else:
@@ -437,14 +430,14 @@ class ResponsesMerger:
         ident = item.get("id")
         if isinstance(ident, str) and ident:
             self._by_id[ident] = entry
-        index = _index(event.get("output_index"))
+        index = int_index(event.get("output_index"))
         if index is not None:
             self._by_index[index] = entry
 
     def _find(self, ident: Any, index: Any) -> _Item | None:
         if isinstance(ident, str) and ident in self._by_id:
             return self._by_id[ident]
-        pos = _index(index)
+        pos = int_index(index)
         return None if pos is None else self._by_index.get(pos)
 
     def result(self) -> dict[str, Any] | None:
