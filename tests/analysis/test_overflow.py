@@ -235,6 +235,16 @@ def test_recognised_errors() -> None:
     assert r is not None and (r.n_ctx, r.n_prompt) == (4096, 5000)
     openai = {"error": {"code": "context_length_exceeded", "message": "too long"}}
     assert refusal(400, openai) is not None
+    # SGLang, its two wordings (the input alone; the input with the completion's tokens).
+    for message, sizes in (
+        ("The input (9000 tokens) is longer than the model's context length (8192 tokens).",
+         (8192, 9000)),
+        ("Requested token count exceeds the model's maximum context length of 8192 tokens. You "
+         "requested a total of 9100 tokens: 9000 tokens from the input messages and 100 tokens "
+         "for the completion.", (8192, 9000)),
+    ):  # fmt: skip
+        r = refusal(400, {"object": "error", "message": message, "type": "BadRequestError"})
+        assert r is not None and (r.n_ctx, r.n_prompt) == sizes, message
     r = refusal(400, None, "request (20 tokens) exceeds the available context size (16 tokens)")
     assert r is not None and (r.n_ctx, r.n_prompt) == (16, 20)
 

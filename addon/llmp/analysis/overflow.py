@@ -28,6 +28,7 @@ from math import inf
 from typing import TYPE_CHECKING, Any
 
 from llmp.apis import ChatApi, request_digest_of
+from llmp.apis.servers import CONTEXT_ERROR_MARKERS, CONTEXT_SIZE_PATTERNS, PROMPT_SIZE_PATTERNS
 from llmp.format.measure import ESTIMATE, MV, RANK, SERVER, TOKENIZER, estimate, weakest
 
 if TYPE_CHECKING:
@@ -36,24 +37,6 @@ if TYPE_CHECKING:
 
 CONTEXT_OVERFLOW = "context_overflow"
 
-# How servers say a prompt did not fit (lower-case substrings of the error).
-_SAYS_CONTEXT = (
-    "exceed_context_size_error",  # llama-server's error type
-    "exceeds the available context size",  # llama-server's message
-    "context_length_exceeded",  # OpenAI's error code
-    "maximum context length",  # vLLM, OpenAI
-    "exceeds the context length",  # Ollama (embeddings, newer chat builds)
-    "context length exceeded",
-)
-_N_CTX_RE = (
-    re.compile(r"context size \((\d+) tokens\)"),
-    re.compile(r"maximum context length is (\d+)"),
-)
-_N_PROMPT_RE = (
-    re.compile(r"request \((\d+) tokens\)"),
-    re.compile(r"you requested (\d+) tokens"),
-    re.compile(r"request has (\d+) input tokens"),
-)
 _TEXT_LIMIT = 4096  # of an error body, enough for any message
 _TRACKED = 4096  # conversations per session whose last turn is remembered
 
@@ -115,12 +98,12 @@ def _from_body(body: Any, text: Any) -> tuple[int | None, int | None] | None:
         parts.append(text[:_TEXT_LIMIT])
     said = " ".join(parts)
     low = said.lower()
-    if not any(p in low for p in _SAYS_CONTEXT):
+    if not any(p in low for p in CONTEXT_ERROR_MARKERS):
         return None
     if n_ctx is None:
-        n_ctx = _first(_N_CTX_RE, low)
+        n_ctx = _first(CONTEXT_SIZE_PATTERNS, low)
     if n_prompt is None:
-        n_prompt = _first(_N_PROMPT_RE, low)
+        n_prompt = _first(PROMPT_SIZE_PATTERNS, low)
     return n_ctx, n_prompt
 
 
