@@ -56,6 +56,7 @@ def test_every_cause_the_engine_charges_is_in_the_table() -> None:
         loss.SERVER_HEAD_ONLY,
         loss.SERVER_ROLLBACK,
         causes.SERVER_NO_ROLLBACK,
+        loss.SERVER_CAPACITY,
     }
     assert charged == set(causes.BY_NAME)
     assert causes.SIDE_CALL == SIDE_CALL

@@ -4,6 +4,8 @@ fakes' shared prefix cache (one cache for all requests, LRU under memory pressur
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import openai
 import pytest
 
 from llmp.demo.fakes import SharedCacheServer
-from tests.support.live_checks import analyze
+from tests.support.live_checks import LLMP, analyze
 from tests.support.mitm import Mitmdump, wait_for_records
 from tests.support.upstreams import Upstream
 
@@ -103,3 +105,74 @@ def test_context_errors_have_each_servers_shape(tmp_path: Path) -> None:
                     model="qwen", messages=[{"role": "user", "content": SYSTEM}]
                 )
         assert needle in str(err.value)
+
+
+def analyze_text(path: Path) -> str:
+    """The readable report, as a user reads it."""
+    out = subprocess.run(
+        [str(LLMP), "analyze", str(path)], capture_output=True, check=True, timeout=60, text=True
+    )
+    return out.stdout
+
+
+def _without_server_header(src: Path, dst: Path) -> None:
+    """The same recording as a recorder without the `server` header would have made it."""
+    lines = []
+    for line in src.read_text().splitlines():
+        rec = json.loads(line)
+        ((rec.get("response") or {}).get("headers") or {}).pop("server", None)
+        lines.append(json.dumps(rec))
+    dst.write_text("\n".join(lines) + "\n")
+
+
+def _row(report: dict[str, Any], rid: int) -> dict[str, Any]:
+    return next(r for r in report["rows"] if r["id"] == rid)
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_a_shared_cache_loses_nothing_to_a_side_call_or_its_blocks(
+    kind: str, tmp_path: Path
+) -> None:
+    """Memory to spare: the side-call evicted nothing, and vLLM's reuse, a block short of
+    the prefix, is its granularity: nothing is lost, and nothing is blamed."""
+    rec = tmp_path / "rec.jsonl"
+    with Upstream(kind) as up:  # type: ignore[arg-type]
+        _conversation(up, rec)
+    report = analyze(rec)
+    second = _row(report, 3)
+    assert second["kind"] == "turn" and second["linked_to"] == 1
+    assert second["side_calls_between"] == [2]
+    assert second["lost_external"] is None and second["cause"] is None, second
+    assert report["time"]["by_cause"] == {}
+    assert not [f for f in report["findings"] if f["kind"] != "large_system_prompt"]
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_a_shared_cache_short_of_memory_is_capacity_not_the_side_call(
+    kind: str, tmp_path: Path
+) -> None:
+    """200 tokens of KV memory hold the side-call or the agent, not both: the agent's
+    next turn re-reads its prompt.  On a shared cache that is the cache's capacity; the
+    same traffic without the `server` header is read as llama-server's slot eviction."""
+    rec = tmp_path / "rec.jsonl"
+    with Upstream(kind, capacity=200) as up:  # type: ignore[arg-type]
+        turns, _ = _conversation(up, rec)
+    assert turns[2][2].prompt_tokens_details.cached_tokens == 0  # the server's own count
+    report = analyze(rec)
+    second = _row(report, 3)
+    assert second["lost_external"]["cause"] == "server_capacity", second
+    assert second["cause"] == "server_reset"
+    assert second["lost_external"]["tokens"] >= turns[0][2].prompt_tokens - 32
+    assert "side_call" not in report["time"]["by_cause"]
+    (finding,) = [f for f in report["findings"] if f["kind"] == "server_cache_loss"]
+    assert finding["evidence"]["kind"] == "server_capacity"
+    assert not [f for f in report["findings"] if f["kind"].endswith("eviction")]
+    assert not [f for f in report["findings"] if f["kind"] == "side_call_on_conversation_model"]
+    text = analyze_text(rec)
+    assert "--gpu-memory-utilization" in text and "shared prefix cache" in text
+    assert "evicted" not in text and "side-calls ran" not in text
+
+    plain = tmp_path / "no-header.jsonl"
+    _without_server_header(rec, plain)
+    old = _row(analyze(plain), 3)
+    assert old["lost_external"]["cause"] == "side_call"

@@ -51,6 +51,7 @@ SERVER_EMPTY = "server_empty"
 SERVER_HEAD_ONLY = "server_head_only"
 SERVER_ROLLBACK = "server_rollback"
 SERVER_NO_ROLLBACK = "server_no_rollback"
+SERVER_CAPACITY = "server_capacity"
 
 SWA_FIX = (
     "The model's cache cannot go back to an earlier position (a sliding-window or "
@@ -152,6 +153,19 @@ CAUSES: tuple[Cause, ...] = (
         "#999933",
         story="{model} could not return its cache to where the prompt changed {times}, and "
         "re-read what came before the change too: {lost}.",
+    ),
+    Cause(
+        SERVER_CAPACITY,
+        SERVER,
+        "the shared cache ran short of memory",
+        "The server keeps every request's prompt in one cache until its KV memory runs "
+        "short, so what ran in between did not evict by itself: give the cache more memory "
+        "(vLLM --gpu-memory-utilization or --kv-cache-dtype fp8, SGLang --mem-fraction-static), "
+        "a shorter --max-model-len / --context-length, or run fewer conversations at once.",
+        "#AA4499",
+        light_text=True,
+        story="{model} lost the conversation from its shared prefix cache {times} while other "
+        "requests filled its memory: {lost}.",
     ),
 )
 

@@ -50,6 +50,7 @@ from llmp.analysis.report import (
 )
 from llmp.analysis.rows import Row
 from llmp.apis.base import Counts
+from llmp.apis.servers import UNKNOWN
 from llmp.format.measure import SERVER, weakest
 
 
@@ -340,7 +341,11 @@ class Engine:
                 o = other.row
                 o.side_calls_between = btw.side_calls
                 o.other_conversations_between = btw.other_conversations
-                _set_verdict(o, losses(other.structure, o.counts, btw, self.cfg))
+                down = o.linked_to is not None and s.down_since(o.linked_to)
+                server = s.servers.get(o.served, UNKNOWN)
+                rolls = o.served in s.rolls_back
+                verdict = losses(other.structure, o.counts, btw, self.cfg, rolls, down, server)
+                _set_verdict(o, verdict)
 
     def _split(self, s: Session, fork: Fed, conv: Conversation) -> None:
         """A fork proved another conversation with the same start: it and the turns
@@ -530,7 +535,8 @@ class Engine:
             linked_to = link.conv.last.row_id
             btw = between(s, linked_to, served, conv.number)
         down = linked_to is not None and s.down_since(linked_to)
-        verdict = losses(st, counts, btw, cfg, served in s.rolls_back, down)
+        server = s.server_of(served, ex.server, api_name)
+        verdict = losses(st, counts, btw, cfg, served in s.rolls_back, down, server)
         if verdict.rolled_back:
             s.rolls_back.add(served)
         row = Row(

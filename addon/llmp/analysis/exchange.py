@@ -223,6 +223,7 @@ class Exchange:
         "requested_model",
         "retry",
         "served_model",
+        "server",
         "sessions",
         "stored_prompt",
         "streamed",
@@ -256,6 +257,9 @@ class Exchange:
     """`x-stainless-retry-count` above 0 (R33)."""
     requested_model: str | None
     served_model: str
+    server: str | None
+    """The response's `server` header (vLLM and SGLang: `uvicorn`): whose cache model
+    decides an external loss (`apis.servers`)."""
     msgs: list[Msg]
     hashes: tuple[str, ...]
     n_sys: int
@@ -494,6 +498,9 @@ def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) ->
     served = top.get("model") if top is not None else None
     ex.served_model = served if type(served) is str and served else requested or "unknown"
     ex.streamed = resp.get("stream") is not None
+    rh = resp.get("headers")
+    sv = rh.get("server") if type(rh) is dict else None
+    ex.server = sv if type(sv) is str and sv else None
 
     raw_msgs = digest.get("messages")
     if type(raw_msgs) is not list:
@@ -734,6 +741,8 @@ def prepare_digested(d: Digested, tools_cache: dict[str, Tools] | None = None) -
         served = top.get("model") if top is not None else None
     ex.served_model = served if type(served) is str and served else requested or "unknown"
     ex.streamed = resp.stream is not None
+    rh = resp.headers
+    ex.server = (rh.server or None) if rh is not None else None
 
     msgs = d.msgs
     hashes = d.hashes

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llmp.analysis.identity import NO_SESSIONS, Sessions, conflicts
+from llmp.apis.servers import UNKNOWN, Server, identify
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config
@@ -149,6 +150,8 @@ class Session:
         self.rolls_back: set[str] = set()
         """Served models that went back into a changed message: their caches can return to
         any earlier position, so a shortfall after a change is the estimate's, not R31's."""
+        self.servers: dict[str, Server] = {}
+        """Which server program answered for each served model (`apis.servers`)."""
         # Prompts the server refused for its context, as it counted them: (id, model, tokens).
         self.refused: deque[tuple[int, str | None, int]] = deque(maxlen=64)
 
@@ -178,6 +181,15 @@ class Session:
             self.skipped.append(rec["id"])
         elif was_down(rec):
             self.down.append(rec["id"])
+
+    def server_of(self, served: str, header: str | None, api_name: str) -> Server:
+        """The server behind `served`: what this response says, else what an earlier one
+        said (a proxy in between may drop the header now and then)."""
+        server = identify(header, api_name)
+        if server is not UNKNOWN:
+            self.servers[served] = server
+            return server
+        return self.servers.get(served, server)
 
     def down_since(self, since: int) -> bool:
         """The server was seen down after record `since`."""

@@ -13,6 +13,7 @@ from llmp.analysis.causes import (
     HISTORY_REWRITTEN,
     OTHER_CONVERSATION,
     OTHER_MODEL,
+    SERVER_CAPACITY,
     SERVER_EMPTY,
     SERVER_HEAD_ONLY,
     SERVER_NO_ROLLBACK,
@@ -36,6 +37,7 @@ from llmp.analysis.linking import (
 )
 from llmp.analysis.rows import Loss
 from llmp.apis.base import EDGE_CHARS
+from llmp.apis.servers import SHARED, UNKNOWN, Server
 from llmp.format.measure import (
     ESTIMATE,
     MV,
@@ -793,6 +795,7 @@ def losses(
     cfg: Config,
     rolls_back: bool = False,
     down: bool = False,
+    server: Server = UNKNOWN,
 ) -> Verdict:
     """Predicted and observed reuse, the two losses, and the row's cause.
 
@@ -874,10 +877,14 @@ def losses(
             # change past the server's reuse, the estimate is what was off.
             p_cut = min(p_cut, float(reused[0]))
         deficit = p_cut - reused[0]
-        threshold: float = tol
+        threshold: float = tol + server.block_tokens - 1
         if scaled and source == ESTIMATE:
             threshold += cfg.estimate_margin * p_srv
         why = btw.would_cause if btw is not None else None
+        shared = server.cache == SHARED
+        capacity = shared and why is not None
+        if capacity:
+            why = None  # a shared cache: what ran in between took memory, not a slot
         if charged and st.tools_differ and why is None:
             # The chat template decides where the tools sit (before the system
             # text, inside it, or late): a changed tools array may break the
@@ -894,7 +901,9 @@ def losses(
                 kind = SERVER_HEAD_ONLY
             else:
                 kind = SERVER_ROLLBACK
-            if charged and not down:
+            if capacity:
+                kind = SERVER_CAPACITY
+            elif charged and not down and not shared:
                 # R31: the client's change began at P; a cache that cannot return to an
                 # earlier position re-read what came before it too.
                 kind = SERVER_NO_ROLLBACK
@@ -903,7 +912,8 @@ def losses(
                 ext_cause, row_cause = why, why
             else:
                 ext_cause = kind
-                row_cause = UNDETERMINED if btw is not None and btw.skipped else SERVER_RESET
+                skipped = btw is not None and btw.skipped and not capacity
+                row_cause = UNDETERMINED if skipped else SERVER_RESET
             v.lost_external = Loss(ext_cause, round(deficit), _ms(deficit, src, counts))
             v.cause = row_cause
 
