@@ -85,20 +85,27 @@ def test_fast_path_gives_the_plain_report(name: str, mode: str, tmp_path: Path) 
 
 
 def test_response_server_header_read_alike(tmp_path: Path) -> None:
-    """A response's `server` header (kept by the recorder) leaves the fast path open."""
+    """A response's `server` header (kept by the recorder) leaves the fast path open, and
+    both paths read it alike: llama-server's changes nothing, a shared cache's does."""
     plain = sc.both_agents().write(tmp_path / "plain.jsonl", "digest")
-    lines = []
-    for line in plain.read_bytes().splitlines():
-        rec = orjson.loads(line)
-        if isinstance(rec.get("response"), dict):
-            rec["response"]["headers"]["server"] = "uvicorn"
-        lines.append(record_dumps(rec) + b"\n")
-    served = tmp_path / "served.jsonl"
-    served.write_bytes(b"".join(lines))
-    assert b'"server":"uvicorn"' in served.read_bytes()
-    assert fast_lines(served) == fast_lines(plain) > 0
-    assert report_bytes([served], fast=True) == report_bytes([served], fast=False)
-    assert report_bytes([served], fast=True) == report_bytes([plain], fast=True)
+    reports = {}
+    for server in ("llama.cpp", "uvicorn"):
+        lines = []
+        for line in plain.read_bytes().splitlines():
+            rec = orjson.loads(line)
+            if isinstance(rec.get("response"), dict):
+                rec["response"]["headers"]["server"] = server
+            lines.append(record_dumps(rec) + b"\n")
+        served = tmp_path / f"{server}.jsonl"
+        served.write_bytes(b"".join(lines))
+        assert f'"server":"{server}"'.encode() in served.read_bytes()
+        assert fast_lines(served) == fast_lines(plain) > 0
+        reports[server] = report_bytes([served], fast=True)
+        assert reports[server] == report_bytes([served], fast=False)
+    assert reports["llama.cpp"] == report_bytes([plain], fast=True)
+    # Two agents evict each other from one slot; a shared cache has no slot to lose.
+    assert b"other_conversation" in reports["llama.cpp"]
+    assert b"server_capacity" in reports["uvicorn"]
 
 
 def test_readable_report_is_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
