@@ -57,6 +57,7 @@ def test_every_cause_the_engine_charges_is_in_the_table() -> None:
         loss.SERVER_ROLLBACK,
         causes.SERVER_NO_ROLLBACK,
         loss.SERVER_CAPACITY,
+        loss.SERVER_TEMPLATE,
     }
     assert charged == set(causes.BY_NAME)
     assert causes.SIDE_CALL == SIDE_CALL

@@ -52,6 +52,7 @@ SERVER_HEAD_ONLY = "server_head_only"
 SERVER_ROLLBACK = "server_rollback"
 SERVER_NO_ROLLBACK = "server_no_rollback"
 SERVER_CAPACITY = "server_capacity"
+SERVER_TEMPLATE = "server_template"
 
 SWA_FIX = (
     "The model's cache cannot go back to an earlier position (a sliding-window or "
@@ -153,6 +154,23 @@ CAUSES: tuple[Cause, ...] = (
         "#999933",
         story="{model} could not return its cache to where the prompt changed {times}, and "
         "re-read what came before the change too: {lost}.",
+    ),
+    Cause(
+        SERVER_TEMPLATE,
+        SERVER,
+        "the chat template re-rendered earlier replies",
+        "The model's chat template renders the replies since the previous user message "
+        "otherwise once a new one arrives (Qwen 3.x and Gemma 4 drop their reasoning; "
+        "llama.cpp #21912), so every user turn re-reads them. Where the template supports "
+        "it (llama-server's /props: chat_template_caps.supports_preserve_reasoning), keep "
+        "the reasoning in the history: llama-server --reasoning-preserve (the default of "
+        "recent builds; --no-reasoning-preserve turns it off) or, on older builds, "
+        "--chat-template-kwargs '{\"preserve_thinking\": true}'; otherwise it is the "
+        "template's design.",
+        "#661100",
+        light_text=True,
+        story="{model} re-read the replies since the previous user message {times}, because "
+        "its chat template rendered them otherwise: {lost}.",
     ),
     Cause(
         SERVER_CAPACITY,

@@ -18,6 +18,7 @@ from llmp.analysis.causes import (
     SERVER_HEAD_ONLY,
     SERVER_NO_ROLLBACK,
     SERVER_ROLLBACK,
+    SERVER_TEMPLATE,
     SYSTEM_CHANGED,
     TOOLS_CHANGED,
 )
@@ -116,6 +117,12 @@ class Structure:
     """Of `prefix`, the part inside the first changed message: the unchanged text before the
     change (R31: the break begins there, not at the message's start)."""
     volatile_where: dict[str, Any] | None = None
+    rerender: int | None = None
+    """A clean continuation that adds a user message after replies that followed the
+    previous one: where the first of those replies starts (a template that renders earlier
+    turns differently, such as Qwen 3.x dropping their reasoning, re-reads from there)."""
+    rerender_msgs: int = 0
+    """How many whole messages come before `rerender`."""
 
     def __init__(self, system: MV, tools: MV, history: MV, new: MV, linked: bool = False) -> None:
         self.system = system
@@ -209,6 +216,11 @@ def compare(ex: Exchange, link: Link | None, cfg: Config) -> Structure:
         st.break_cause = HISTORY_REWRITTEN
     if st.break_cause is None:
         st.exact_prefix = last.prompt_server
+        if mode == CONTINUATION:
+            a = _replies_since_the_last_user(ex, nsys, nsys + k, n)
+            if a is not None:
+                st.rerender = int(system[0] + tools[0] + ex.range_tokens(nsys, a)[0])
+                st.rerender_msgs = a
         return st
     if st.break_cause == SYSTEM_CHANGED:
         st.before = ps
@@ -239,6 +251,22 @@ def compare(ex: Exchange, link: Link | None, cfg: Config) -> Structure:
     st.prefix += st.within
     _charge(ex, st, last, ps, sys_eq, tools_eq, k if st.break_cause == HISTORY_REWRITTEN else 0)
     return st
+
+
+def _replies_since_the_last_user(ex: Exchange, lo: int, hi: int, n: int) -> int | None:
+    """The first assistant message after the last user message of messages [lo, hi), when
+    messages [hi, n) add a user message: the replies a template may now render otherwise."""
+    msgs = ex.msgs
+    if not any(msgs[i].role == "user" for i in range(hi, n)):
+        return None
+    first = None
+    for i in range(hi - 1, lo - 1, -1):
+        role = msgs[i].role
+        if role == "user":
+            return first
+        if role == "assistant":
+            first = i
+    return None
 
 
 def _charge(
@@ -788,6 +816,23 @@ def _tools_missing_from_estimate(prompt: float, without: int, tools: int) -> boo
     return max(prompt, without) / min(prompt, without) < max(prompt, total) / min(prompt, total)
 
 
+def _rerendered(
+    st: Structure, counts: Counts, factor: float | None, reused: float, tol: int
+) -> str | None:
+    """`SERVER_TEMPLATE` when the server's reuse stopped where the replies since the
+    previous user message begin: the chat template rendered them otherwise this time."""
+    assert st.rerender is not None
+    prompt = counts.prompt_tokens
+    total = st.total
+    if prompt is None or prompt[0] <= 0 or factor is None:
+        return None
+    if st.new[1] == TOKENIZER and prompt[1] == SERVER and prompt[0] >= total:
+        at = st.rerender + (prompt[0] - total) / max(1, st.messages) * st.rerender_msgs
+    else:
+        at = st.rerender * factor
+    return SERVER_TEMPLATE if abs(reused - at) <= tol + 0.1 * at else None
+
+
 def losses(
     st: Structure,
     counts: Counts,
@@ -903,6 +948,8 @@ def losses(
                 kind = SERVER_ROLLBACK
             if capacity:
                 kind = SERVER_CAPACITY
+            elif st.rerender is not None and why is None:
+                kind = _rerendered(st, counts, factor, r, tol) or kind
             elif charged and not down and not shared:
                 # R31: the client's change began at P; a cache that cannot return to an
                 # earlier position re-read what came before it too.
