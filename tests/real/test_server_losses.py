@@ -17,7 +17,9 @@ Gemma, Gemma with ``--swa-full``, and SmolLM2 (full attention, the control):
 4. the clock changes (a change before every checkpoint: Gemma re-reads from 0);
 5. an appended turn;
 6. an earlier user message edited at its start (a change after a checkpoint: Gemma
-   restores one and re-reads from there).
+   restores one and re-reads from there);
+7. a title side-call, which takes the one slot;
+8. an appended turn after it: the side-call's loss, on every server alike.
 
 Needs ``LLMP_LLAMA_SERVER`` and the two models (``eval "$(../shared/tools/real-llama-server
 --env)"``); skipped without them.  About 25 000 tokens of prefill, some two minutes.
@@ -46,6 +48,7 @@ QUESTION = (
 )
 CLOCK_ROW, EDIT_ROW = 4, 6
 APPENDED = (2, 3, 5)
+SIDE_CALL_ROW, AFTER_SIDE_CALL = 7, 8
 
 
 def _system(clock: str) -> str:
@@ -74,7 +77,13 @@ def _drive(server: LlamaServer) -> Any:
         step(4, "Who owns the gateway?")
         step(5, "Fine, thanks.")
         messages[3] = {"role": "user", "content": "WHICH" + messages[3]["content"][5:]}  # 6
-        turn(client, messages)
+        reply = turn(client, messages)
+        title = "Write a five-word title for a chat about gateway errors."
+        turn(client, [{"role": "user", "content": title}])  # 7: a side-call takes the slot
+        messages.extend(
+            ({"role": "assistant", "content": reply}, {"role": "user", "content": "Thanks."})
+        )
+        turn(client, messages)  # 8: appended after the side-call
         case.new = {rid: tokens(server, texts) for rid, texts in new.items()}
 
     return drive
@@ -194,6 +203,29 @@ def test_no_server_part_where_the_cache_can_roll_back(
             assert row["lost_external"] is None, (case.name, row)
             assert row["lost_client"] is not None and row["cause"] == "structural"
         assert not [f for f in report["findings"] if f["kind"] == "server_cache_loss"]
+
+
+@pytest.mark.parametrize("mode", ["tokenized", "digest"])
+def test_a_side_call_eviction_is_the_side_calls_on_every_server(
+    gemma: Case, gemma_full: Case, smol: Case, mode: str
+) -> None:
+    """With something in between that took the slot, the existing cause applies to the
+    whole shortfall (R31): no server part, with or without --swa-full."""
+    lost = {}
+    for case in (gemma, gemma_full, smol):
+        assert case.row(SIDE_CALL_ROW, mode)["kind"] == "side_call", case.name
+        row = case.row(AFTER_SIDE_CALL, mode)
+        assert row["linked_to"] == EDIT_ROW and row["side_calls_between"] == [SIDE_CALL_ROW]
+        assert row["break_cause"] is None and row["lost_client"] is None, (case.name, row)
+        before, after = case.timings(EDIT_ROW), case.timings(AFTER_SIDE_CALL)
+        truth = before["cache_n"] + before["prompt_n"] - after["cache_n"]
+        ext = row["lost_external"]
+        assert ext is not None and ext["cause"] == "side_call", (case.name, row)
+        assert ext["tokens"] == truth, (case.name, ext, before, after)
+        lost[case.name] = ext["tokens"]
+        assert row["cause"] == "side_call"
+    # The same conversation on Gemma with and without --swa-full lost the same to it.
+    assert abs(lost["gemma"] - lost["gemma-full"]) <= TOLERANCE * lost["gemma-full"], lost
 
 
 def test_the_finding_names_the_model_memory_and_swa_full(gemma: Case, tmp_path: Path) -> None:

@@ -92,7 +92,8 @@ def _works_on_the_history(ex: Exchange, link: Link | None, ref: Conversation) ->
     names = ex.tools.names
     if not names:
         return False
-    before = {t.name for t in last.tool_digests if t is not None}
+    # A damaged digest's name may be any JSON value: only strings name a tool.
+    before = {n for t in last.tool_digests if t is not None and type(n := t.name) is str}
     return not before <= names
 
 
