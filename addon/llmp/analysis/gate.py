@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from llmp.analysis.findings import KINDS
+from llmp.analysis.findings import BY_KIND, KINDS, FindingKind
+from llmp.analysis.words import short_model
 
 
 def parse_kinds(values: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -56,53 +57,14 @@ def offending(
     return out
 
 
-def _n(count: int, noun: str) -> str:
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
-
-
 def reason(f: dict[str, Any]) -> str:
-    """One line naming a finding that failed the gate."""
-    # Here, not at the top: rendering imports rich, which `--json` never needs.
-    from llmp.analysis.render import duration, short_model
-
+    """One line naming a finding that failed the gate: its kind's detail and size."""
     kind = f["kind"]
-    ev = f.get("evidence") or {}
-    detail = {
-        "prefix_break": ev.get("break_cause"),
-        "server_cache_loss": ev.get("kind"),
-        "unused_tool": ev.get("tool"),
-        "large_tool_schema": ev.get("tool"),
-    }.get(kind)
+    cls = BY_KIND.get(kind, FindingKind)
+    detail = cls.gate_detail(f)
     who = f.get("client") or short_model(f.get("model"))
-    n = len(f.get("rows") or [])
-    if kind == "large_system_prompt":
-        size = f"{ev.get('system_tokens', 0):,} tokens (threshold {ev.get('threshold', 0):,})"
-    elif kind == "large_tool_schema":
-        size = f"{ev.get('schema_tokens', 0):,} tokens (threshold {ev.get('threshold', 0):,})"
-    elif kind == "unused_tool":
-        size = f"offered in {_n(int(ev.get('offered') or 0), 'request')}, never called"
-    elif kind == "context_overflow":
-        parts = []
-        if ev.get("truncated"):
-            parts.append(f"{ev['truncated']:,} cut silently")
-        if ev.get("refused"):
-            parts.append(f"{ev['refused']:,} refused")
-        size = f"{_n(int(ev.get('turns') or 0), 'turn')} over the context ({', '.join(parts)})"
-        n_ctx = ev.get("n_ctx")
-        if isinstance(n_ctx, int):
-            name = "num_ctx" if ev.get("n_ctx_source") == "request" else "n_ctx"
-            size += f", {name} {n_ctx:,}"
-    else:
-        ms = lost_ms(f)
-        tokens = f.get("lost_tokens")
-        if ms is not None:
-            size = f"{_n(n, 'turn')}, {duration(ms)} lost"
-        elif tokens is not None:
-            size = f"{_n(n, 'turn')}, {tokens:,} tokens re-processed (not timed)"
-        else:
-            size = f"{_n(n, 'turn')}, loss not measured"
     head = f"{kind} ({detail})" if detail else kind
-    return f"llmp: FAIL {head} {who}: {size}"
+    return f"llmp: FAIL {head} {who}: {cls.gate_size(f)}"
 
 
 __all__ = ["lost_ms", "offending", "parse_kinds", "reason"]

@@ -42,6 +42,7 @@ _TRACKED = 4096  # conversations per session whose last turn is remembered
 
 HIGH, MEDIUM, LOW = "high", "medium", "low"
 _CONFIDENCE = (HIGH, MEDIUM, LOW)
+_BY_RANK = {v: k for k, v in RANK.items()}
 
 # Where the finding's n_ctx came from.
 FROM_ERROR = "error"
@@ -244,57 +245,77 @@ class Overflow:
         counts = row.counts
         prompt = counts.prompt_tokens
         reported = prompt[0] if prompt is not None and prompt[1] == SERVER else None
-        before = None
-        if row.conversation is not None:
-            # Most recently active last, at most _TRACKED: like the engine's
-            # conversations, an idle one is forgotten.
-            before = self.last_turn.pop(row.conversation, None)
-            self.last_turn[row.conversation] = (row.id, reported)
-            if len(self.last_turn) > _TRACKED:
-                forgotten = next(iter(self.last_turn))
-                del self.last_turn[forgotten]
-                self.cut_at.pop(forgotten, None)
+        before = self._last_turn(row, reported)
         if counts.meaning == "old":
             # An old Ollama build counts only the evaluated part: a small count
             # is reuse, not a cut, and earlier "whole" readings are suspect.
             self.old.add(served)
             return False
-        if reported is None:
+        if reported is None or not self._cut(row, sent, src, reported, before, num_ctx):
             return False
+        self._note_cut(row, sent, src, reported, num_ctx)
+        return True
+
+    def _last_turn(self, row: Row, reported: float | None) -> tuple[int, float | None] | None:
+        """The conversation's last turn before this row (its id and count); this row is next."""
+        if row.conversation is None:
+            return None
+        # Most recently active last, at most _TRACKED: like the engine's
+        # conversations, an idle one is forgotten.
+        before = self.last_turn.pop(row.conversation, None)
+        self.last_turn[row.conversation] = (row.id, reported)
+        if len(self.last_turn) > _TRACKED:
+            forgotten = next(iter(self.last_turn))
+            del self.last_turn[forgotten]
+            self.cut_at.pop(forgotten, None)
+        return before
+
+    def _cut(
+        self,
+        row: Row,
+        sent: float,
+        src: str,
+        reported: float,
+        before: tuple[int, float | None] | None,
+        num_ctx: int | None,
+    ) -> bool:
+        """Whether the server's count of the prompt says it dropped part of what was sent."""
         cfg = self.cfg
         least = cfg.overflow_min_tokens
         share = cfg.overflow_share_tokenizer if src == TOKENIZER else cfg.overflow_share
         if reported < share * sent and sent - reported >= least:
-            pass  # far below what was sent: more than the estimate's error explains
-        elif src == TOKENIZER and num_ctx is not None and reported <= num_ctx < sent - least:
-            pass  # counted exactly, and larger than the context the request asked for
-        elif (
+            return True  # far below what was sent: more than the estimate's error explains
+        if src == TOKENIZER and num_ctx is not None and reported <= num_ctx < sent - least:
+            return True  # counted exactly, and larger than the context the request asked for
+        if (
             before is not None
             and before[0] == row.linked_to
             and before[1] is not None
             and row.break_cause is None
             and not row.compaction
             and not row.new_conversation
-            and d[0] > cfg.reuse_tolerance_tokens
+            and row.composition[3][0] > cfg.reuse_tolerance_tokens
             and reported <= before[1]
             and reported < sent
         ):
             # The client only appended to the turn before, yet the server's
             # count did not grow, and it is below the client's own size.
-            pass
-        elif (
+            return True
+        # The context does not grow: a prompt at least as large as one of
+        # this conversation the server already cut was cut too.
+        return (
             row.conversation is not None
             and sent >= self.cut_at.get(row.conversation, inf)
             and reported < sent
-        ):
-            # The context does not grow: a prompt at least as large as one of
-            # this conversation the server already cut was cut too.
-            pass
-        else:
-            return False
+        )
+
+    def _note_cut(
+        self, row: Row, sent: float, src: str, reported: float, num_ctx: int | None
+    ) -> None:
+        """Add a cut row to its served model's group."""
         if row.conversation is not None:
             self.cut_at[row.conversation] = min(sent, self.cut_at.get(row.conversation, inf))
-        g = self._group(served)
+        g = self._group(row.served)
         g.cut.append(row.id)
         g.sure = g.sure or src == TOKENIZER or (num_ctx is not None and reported <= num_ctx < sent)
         g.dropped += max(0.0, sent - reported)
@@ -303,7 +324,6 @@ class Overflow:
             g.largest_cut = (sent, src, reported)
         if num_ctx is not None:
             g.num_ctx = num_ctx if g.num_ctx is None else max(g.num_ctx, num_ctx)
-        return True
 
     def refused(self, session: int, record_id: int, refusal: Refusal) -> None:
         """Take one refused chat request (a 4xx that may be about the context)."""
@@ -334,62 +354,66 @@ class Overflow:
         for p in self.pending:
             pending.setdefault(p[1], []).append(p)
         out: list[dict[str, Any]] = []
-        by_rank = {v: k for k, v in RANK.items()}
         for served in {**self.groups, **pending}:
             g = self.groups.get(served) or _Group()
-            mine = pending.get(served, [])
-            guessed = g.refused_guessed + [p[0] for p in mine]
-            largest_refused = g.largest_refused
-            for p in mine:
-                if largest_refused is None or p[2][0] > largest_refused[0]:
-                    largest_refused = p[2]
-            cut = [] if served in self.old else g.cut
-            refused = g.refused + guessed
-            if not cut and not refused:
-                continue
-            n_ctx, n_ctx_source = None, None
-            if g.n_ctx_error is not None:
-                n_ctx, n_ctx_source = g.n_ctx_error, FROM_ERROR
-            elif cut and g.num_ctx is not None:
-                n_ctx, n_ctx_source = g.num_ctx, FROM_REQUEST
-            levels: list[str] = []
-            if g.refused:
-                levels.append(HIGH)
-            if cut:
-                levels.append(HIGH if g.sure else MEDIUM)
-            if guessed:
-                levels.append(LOW)
-            sent: MV | None = None
-            reported: float | None = None
-            if cut and g.largest_cut is not None:
-                sent, reported = (g.largest_cut[0], g.largest_cut[1]), g.largest_cut[2]
-            if largest_refused is not None and (sent is None or largest_refused[0] > sent[0]):
-                sent, reported = largest_refused, None
-            out.append(
-                {
-                    "kind": CONTEXT_OVERFLOW,
-                    "model": served,
-                    "client": None,
-                    "rows": sorted(cut),
-                    "lost_tokens": None,
-                    "lost_ms": None,
-                    "context_tokens": n_ctx,
-                    "confidence": min(levels, key=_CONFIDENCE.index),
-                    "evidence": {
-                        "n_ctx": n_ctx,
-                        "n_ctx_source": n_ctx_source,
-                        "turns": len(cut) + len(refused),
-                        "truncated": len(cut),
-                        "refused": len(refused),
-                        "refused_ids": sorted(refused),
-                        "refused_from": _refused_from(bool(g.refused), bool(guessed)),
-                        "sent": _mv(sent),
-                        "reported": None if reported is None else int(reported),
-                        "dropped": (_mv((g.dropped, by_rank[g.dropped_rank])) if cut else None),
-                    },
-                }
-            )
+            f = self._finding(served, g, pending.get(served, []))
+            if f is not None:
+                out.append(f)
         return out
+
+    def _finding(
+        self, served: str, g: _Group, mine: list[tuple[int, str, MV]]
+    ) -> dict[str, Any] | None:
+        """A served model's finding, its pending refusals counted as guessed ones."""
+        guessed = g.refused_guessed + [p[0] for p in mine]
+        largest_refused = g.largest_refused
+        for p in mine:
+            if largest_refused is None or p[2][0] > largest_refused[0]:
+                largest_refused = p[2]
+        cut = [] if served in self.old else g.cut
+        refused = g.refused + guessed
+        if not cut and not refused:
+            return None
+        n_ctx, n_ctx_source = None, None
+        if g.n_ctx_error is not None:
+            n_ctx, n_ctx_source = g.n_ctx_error, FROM_ERROR
+        elif cut and g.num_ctx is not None:
+            n_ctx, n_ctx_source = g.num_ctx, FROM_REQUEST
+        levels: list[str] = []
+        if g.refused:
+            levels.append(HIGH)
+        if cut:
+            levels.append(HIGH if g.sure else MEDIUM)
+        if guessed:
+            levels.append(LOW)
+        sent: MV | None = None
+        reported: float | None = None
+        if cut and g.largest_cut is not None:
+            sent, reported = (g.largest_cut[0], g.largest_cut[1]), g.largest_cut[2]
+        if largest_refused is not None and (sent is None or largest_refused[0] > sent[0]):
+            sent, reported = largest_refused, None
+        return {
+            "kind": CONTEXT_OVERFLOW,
+            "model": served,
+            "client": None,
+            "rows": sorted(cut),
+            "lost_tokens": None,
+            "lost_ms": None,
+            "context_tokens": n_ctx,
+            "confidence": min(levels, key=_CONFIDENCE.index),
+            "evidence": {
+                "n_ctx": n_ctx,
+                "n_ctx_source": n_ctx_source,
+                "turns": len(cut) + len(refused),
+                "truncated": len(cut),
+                "refused": len(refused),
+                "refused_ids": sorted(refused),
+                "refused_from": _refused_from(bool(g.refused), bool(guessed)),
+                "sent": _mv(sent),
+                "reported": None if reported is None else int(reported),
+                "dropped": (_mv((g.dropped, _BY_RANK[g.dropped_rank])) if cut else None),
+            },
+        }
 
 
 def _refused_from(said: bool, guessed: bool) -> str | None:

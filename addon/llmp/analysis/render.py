@@ -7,7 +7,7 @@ per-conversation summaries, so the words never disagree with the numbers.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -15,238 +15,24 @@ from rich.table import Table
 from rich.text import Text
 
 from llmp.analysis import causes
+from llmp.analysis.findings import BY_KIND
 from llmp.analysis.report import ConversationSummary
-
-SHAPE_WORDS = {
-    "oneshot": "one-off (title, commit message)",
-    "summarise": "summary",
-    "structured": "structured-output",
-}
-
-
-def duration(ms: float | None) -> str:
-    """A duration as a person says it."""
-    if ms is None:
-        return "not timed"
-    if ms < 1000:
-        return f"{ms:.0f} ms"
-    s = ms / 1000
-    if s < 60:
-        return f"{s:.1f} s"
-    if s < 3600:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
-
-
-def _value(mv: Any) -> float | None:
-    return float(mv["value"]) if isinstance(mv, dict) else None
-
-
-def _lost(f: dict[str, Any]) -> str:
-    ms = _value(f.get("lost_ms"))
-    tokens = f.get("lost_tokens")
-    if ms is not None:
-        text = f"{duration(ms)} lost"
-        if tokens is not None:
-            text += f" ({tokens:,} tokens)"
-        return text
-    if tokens is not None:
-        return f"{tokens:,} tokens re-processed (not timed)"
-    return "loss not measured (the server reports no cache counters)"
-
-
-def join_names(items: Sequence[str]) -> str:
-    """Names as a sentence lists them: "a", "a and b", "a, b and c"."""
-    items = list(items)
-    if not items:
-        return "a client"
-    if len(items) == 1:
-        return items[0]
-    return ", ".join(items[:-1]) + " and " + items[-1]
-
-
-def _times(n: int) -> str:
-    return "once" if n == 1 else f"{n:,} times"
-
-
-WITHIN_WORDS = {
-    "first_256": "in its first 256 characters",
-    "last_256": "in its last 256 characters",
-    "between": "between its first and last 256 characters",
-}
-
-
-def where_text(changed: Any) -> str:
-    """` (system block 1, in its first 256 characters)`: where the change was, no text."""
-    if not isinstance(changed, list) or not changed or not isinstance(changed[0], dict):
-        return ""
-    c = changed[0]
-    role, index = c.get("role"), c.get("index")
-    what = f"{role} message {index}" if isinstance(index, int) else f"{role} message"
-    if role in ("system", "developer") and isinstance(index, int):
-        what = f"{role} block {index}" if index else f"first {role} block"
-    parts = [what, WITHIN_WORDS.get(str(c.get("within")), "")]
-    if isinstance(c.get("offset"), int):
-        parts.append(f"at character {c['offset']:,}")
-    return " (" + ", ".join(p for p in parts if p) + ")"
-
-
-def _advised(ev: dict[str, Any], fallback: str) -> str:
-    """The harness's own fix when the finding recognised it, else the general one."""
-    tip = ev.get("advice")
-    if not isinstance(tip, dict) or not tip.get("text"):
-        return fallback
-    who = f"{tip['harness']}: " if tip.get("harness") else ""
-    sure = (
-        f" ({tip.get('confidence')} confidence: {tip.get('because')})" if tip.get("because") else ""
-    )
-    return f"{who}{tip['text']}{sure}"
-
-
-def _memory_note(ev: dict[str, Any]) -> str:
-    """What the traffic shows of the model's memory (a `server_cache_loss` finding's)."""
-    memory = ev.get("memory")
-    if not isinstance(memory, dict) or not memory.get("text"):
-        return ""
-    return f" {memory['text']}"
+from llmp.analysis.words import (
+    duration,
+    join_names,
+    lost_text,
+    n_of,
+    short_model,
+    value_of,
+)
 
 
 def sentence(f: dict[str, Any]) -> tuple[str, str]:
-    """One finding as (what happened, what would fix it)."""
-    kind = f["kind"]
-    ev = f.get("evidence", {})
-    model = short_model(f.get("model"))
-    n = len(f.get("rows", []))
-    if kind == "side_call_on_conversation_model":
-        shapes = ", ".join(SHAPE_WORDS.get(s, s) for s in ev.get("shapes", {})) or "side"
-        return (
-            f"{join_names(ev.get('clients', []))}'s {shapes} side-calls ran on {model}, the model "
-            f"serving the conversation, and evicted the cache {_times(n)}: {_lost(f)}.",
-            _advised(ev, causes.BY_NAME[causes.SIDE_CALL].fix),
-        )
-    if kind == "prefix_break":
-        cause = causes.BY_NAME.get(str(ev.get("break_cause")))
-        known = cause is not None and cause.group == causes.CLIENT
-        what = cause.did if cause is not None and known else "broke its prompt prefix"
-        fix = cause.fix if cause is not None and known else "Keep the start of the prompt stable."
-        share = ev.get("share")
-        pct = f" ({share:.0%})" if isinstance(share, (int, float)) else ""
-        where = where_text(ev.get("changed"))
-        return (
-            f"{f.get('client')} {what} in {ev.get('broken')} of {ev.get('links')} turns{pct} "
-            f"on {model}{where}: {_lost(f)}.",
-            _advised(ev, fix),
-        )
-    if kind == "volatile_head":
-        n_conv, n_comp = ev.get("conversations", 0), ev.get("compactions", 0)
-        hit = join_names(
-            [_n(k, noun) for k, noun in ((n_conv, "new conversation"), (n_comp, "compaction")) if k]
-        )
-        where = where_text([ev.get("changed")] if ev.get("changed") else [])
-        return (
-            f"{f.get('client')}'s system prompt differed only in its head{where}, and each "
-            f"of {hit} on {model} read the whole prompt again: {_lost(f)}.",
-            _advised(
-                ev,
-                "Keep the start of the system prompt identical across conversations: put "
-                "anything that changes (a version, a date, a session id) after the stable part.",
-            ),
-        )
-    if kind == "server_cache_loss":
-        sub = causes.BY_NAME.get(str(ev.get("kind")))
-        if sub is None or sub.group != causes.SERVER:
-            sub = causes.BY_NAME[causes.SERVER_ROLLBACK]
-        story = sub.story.format(model=model, times=_times(n), lost=_lost(f))
-        return (story + _memory_note(ev), _advised(ev, sub.fix))
-    if kind == "other_conversation_eviction":
-        k = ev.get("other_conversations", 0)
-        who = join_names(ev.get("clients", []))
-        return (
-            f"{k} other conversation{'s' if k != 1 else ''} ({who}) ran "
-            f"on {model} between turns and evicted the cache {_times(n)}: {_lost(f)}.",
-            causes.BY_NAME[causes.OTHER_CONVERSATION].fix,
-        )
-    if kind == "other_model_eviction":
-        return (
-            f"Requests to {join_names([short_model(m) for m in ev.get('other_models', [])])} ran "
-            f"between turns on {model}, and "
-            f"its cache was gone {_times(n)}: {_lost(f)}.",
-            causes.BY_NAME[causes.OTHER_MODEL].fix,
-        )
-    if kind == "unused_tool":
-        return (
-            f"{f.get('client')} offered the tool {ev.get('tool')} in {ev.get('offered')} requests "
-            f"over {ev.get('days', 0):.1f} days and never called it; it costs "
-            f"{f.get('context_tokens')} tokens of every prompt.",
-            "Remove it, or offer it only when it is needed.",
-        )
-    if kind == "large_tool_schema":
-        return (
-            f"{f.get('client')}'s tool {ev.get('tool')} takes {ev.get('schema_tokens')} tokens "
-            f"(threshold {ev.get('threshold')}).",
-            "Shorten its description and schema.",
-        )
-    if kind == "large_system_prompt":
-        return (
-            f"{f.get('client')}'s system prompt is {ev.get('system_tokens')} tokens (threshold "
-            f"{ev.get('threshold')}); every cache miss re-processes it.",
-            "Trim it, or move rarely needed instructions into tools or files read on demand.",
-        )
-    if kind == "context_overflow":
-        return _overflow_sentence(f, model)
-    return (f"{kind}: {_lost(f)}.", "")
-
-
-def _overflow_sentence(f: dict[str, Any], model: str) -> tuple[str, str]:
-    """context_overflow: prompts the server cut silently, or refused."""
-    ev = f.get("evidence", {})
-    n_ctx = ev.get("n_ctx")
-    # Ollama's requests say num_ctx; llama-server's errors say n_ctx.
-    name = "num_ctx" if ev.get("n_ctx_source") == "request" else "n_ctx"
-    ctx = f" ({name} {n_ctx:,})" if isinstance(n_ctx, int) else ""
-    sent = _value(ev.get("sent"))
-    largest = f"{sent:,.0f} tokens" if sent is not None else "a size not recorded"
-    cut = int(ev.get("truncated") or 0)
-    refused = int(ev.get("refused") or 0)
-    what: list[str] = []
-    fixes: list[str] = []
-    if cut:
-        dropped = _value(ev.get("dropped"))
-        gone = f", about {dropped:,.0f} tokens in all" if dropped else ""
-        reported = ev.get("reported")
-        counted = f"{reported:,}" if isinstance(reported, int) else "fewer"
-        what.append(
-            f"{model} silently dropped the start of {_n(cut, 'prompt')} that "
-            f"{'was' if cut == 1 else 'were'} longer than its context{ctx}: it counted "
-            f"{counted} tokens of the largest, which was about {largest}"
-            f"{gone}. The model answered without the oldest messages, or without the "
-            "system prompt and tools, and no error said so"
-        )
-        fixes.append(
-            "Raise the context above the largest prompt (Ollama: options.num_ctx in the "
-            "request, or OLLAMA_CONTEXT_LENGTH; llama-server: -c), or make the harness "
-            "compact its history before the prompt reaches the limit."
-        )
-    if refused:
-        if ev.get("refused_from") == "status":
-            what.append(
-                f"{model} refused {_n(refused, 'request')} with HTTP 400 when the prompt "
-                f"grew past any it had accepted (up to {largest}); a digest recording keeps "
-                "no error body, but on llama-server this is a prompt longer than the context"
-            )
-            fixes.append("Record with --full to see the server's own error.")
-        else:
-            what.append(
-                f"{model} refused {_n(refused, 'request')} longer than its context{ctx}, "
-                f"up to {largest}; those turns failed"
-            )
-        fixes.insert(
-            0,
-            "Start the server with a larger context (llama-server -c; with -np N each slot "
-            "gets a share of it), or have the harness compact or trim its history before the "
-            "prompt reaches the limit.",
-        )
-    return "; ".join(what) + ".", " ".join(dict.fromkeys(fixes))
+    """One finding as (what happened, what would fix it): its kind's own words."""
+    kind = BY_KIND.get(f["kind"])
+    if kind is None:
+        return (f"{f['kind']}: {lost_text(f)}.", "")
+    return kind.sentence(f)
 
 
 _CONTEXT_KINDS = ("unused_tool", "large_tool_schema", "large_system_prompt")
@@ -264,7 +50,7 @@ def readable_findings(findings: list[dict[str, Any]]) -> list[tuple[str, str, st
     losses = [
         f for f in findings if f["kind"] not in _CONTEXT_KINDS and f["kind"] != "context_overflow"
     ]
-    losses.sort(key=lambda f: (-(_value(f.get("lost_ms")) or 0), -(f.get("lost_tokens") or 0)))
+    losses.sort(key=lambda f: (-(value_of(f.get("lost_ms")) or 0), -(f.get("lost_tokens") or 0)))
     out += [(f["confidence"], *sentence(f)) for f in losses]
     unused: dict[str, list[dict[str, Any]]] = {}
     for f in findings:
@@ -300,17 +86,6 @@ def _when(ms: int | None) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M")
 
 
-def _n(count: int, noun: str) -> str:
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
-
-
-def short_model(name: str | None) -> str:
-    """A model file path as its file name; a model name as it is."""
-    if not name:
-        return "the model"
-    return name.rsplit("/", 1)[-1] if "/" in name and name.endswith((".gguf", ".bin")) else name
-
-
 def render(
     console: Console,
     header: dict[str, Any],
@@ -334,11 +109,11 @@ def render(
     skipped = {k: v for k, v in cov["skipped"].items() if v}
     span = duration(float(window["end_ms"] - window["start_ms"]))
     lines = [
-        f"{_n(cov['records'], 'record')} from {_when(window['start_ms'])} to "
-        f"{_when(window['end_ms'])} UTC ({span}), {_n(sessions, 'session')}.",
-        f"{_n(cov['analysed'], 'chat request')} analysed: {_n(cov['turns'], 'turn')} in "
-        f"{_n(cov['conversations'], 'conversation')}, {_n(side_calls, 'side-call')}"
-        + (f", {_n(stateless, 'stateless request')}." if stateless else "."),
+        f"{n_of(cov['records'], 'record')} from {_when(window['start_ms'])} to "
+        f"{_when(window['end_ms'])} UTC ({span}), {n_of(sessions, 'session')}.",
+        f"{n_of(cov['analysed'], 'chat request')} analysed: {n_of(cov['turns'], 'turn')} in "
+        f"{n_of(cov['conversations'], 'conversation')}, {n_of(side_calls, 'side-call')}"
+        + (f", {n_of(stateless, 'stateless request')}." if stateless else "."),
     ]
     if skipped:
         refused = cov.get("context_exceeded") or 0
@@ -358,7 +133,7 @@ def render(
     stored = cov.get("previous_response") or 0
     if stored:
         lines.append(
-            f"{_n(stored, 'Responses request')} continued a stored response "
+            f"{n_of(stored, 'Responses request')} continued a stored response "
             "(previous_response_id): the prompt they extend is the server's, not in the "
             "request, so they were not compared by their messages (counted as stateless)."
         )
@@ -375,8 +150,8 @@ def render(
 
     # Prefill and loss.
     t = header["time"]
-    prefill = _value(t["prefill_ms"])
-    lost = _value(t["lost_ms"])
+    prefill = value_of(t["prefill_ms"])
+    lost = value_of(t["lost_ms"])
     if prefill is None:
         console.print("No request was timed, so the prefill time is unknown.")
     else:
@@ -404,10 +179,10 @@ def render(
         table.add_column("% of prefill", justify="right")
         ranked = sorted(
             t["by_cause"].items(),
-            key=lambda kv: -(_value(kv[1]["ms"]) or 0) - kv[1]["tokens"] / 1e9,
+            key=lambda kv: -(value_of(kv[1]["ms"]) or 0) - kv[1]["tokens"] / 1e9,
         )
         for cause, c in ranked:
-            ms = _value(c["ms"])
+            ms = value_of(c["ms"])
             pct = f"{ms / prefill:.1%}" if ms is not None and prefill else "-"
             table.add_row(
                 causes.words(cause), str(c["rows"]), f"{c['tokens']:,}", duration(ms), pct
@@ -458,8 +233,8 @@ def render(
         name = cl["client"]
         convs = by_client.get(name, [])
         title = (
-            f"{name}: {_n(cl['requests'], 'request')}, {_n(cl['conversations'], 'conversation')}, "
-            f"{_n(len(cl['tools']), 'tool')}"
+            f"{name}: {n_of(cl['requests'], 'request')}, "
+            f"{n_of(cl['conversations'], 'conversation')}, {n_of(len(cl['tools']), 'tool')}"
         )
         if not convs:
             console.print(Text(title, style="bold"))

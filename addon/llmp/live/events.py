@@ -12,8 +12,8 @@ from typing import Any
 from llmp.analysis.causes import words
 from llmp.analysis.classify import SIDE_CALL, STATELESS, TURN
 from llmp.analysis.loss import STRUCTURAL, UNDETERMINED, Between
-from llmp.analysis.render import SHAPE_WORDS, duration, join_names, short_model
 from llmp.analysis.rows import Loss, Row
+from llmp.analysis.words import SHAPE_WORDS, duration, join_names, short_model
 from llmp.format.measure import MV, clean, weakest
 from llmp.live.contract import VERSION
 

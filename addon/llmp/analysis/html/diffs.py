@@ -21,7 +21,7 @@ from llmp.analysis.html.common import (
     is_break,
 )
 from llmp.analysis.html.page import _Page
-from llmp.analysis.render import WITHIN_WORDS, duration, short_model
+from llmp.analysis.words import WITHIN_WORDS, duration, short_model
 
 
 def _msg_cells(m: dict[str, Any] | None) -> tuple[str, str, str]:

@@ -1,0 +1,152 @@
+"""`server_cache_loss`: the server dropped a cache nothing in the traffic evicted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from llmp.analysis import causes
+from llmp.analysis.causes import SERVER_CAUSES, SERVER_EMPTY, SERVER_HEAD_ONLY, SERVER_NO_ROLLBACK
+from llmp.analysis.findings.base import (
+    HIGH,
+    MEDIUM,
+    FindingKind,
+    Label,
+    LossGroup,
+    Tools,
+    group,
+    loss_finding,
+)
+from llmp.analysis.words import advised, lost_text, short_model, times
+
+if TYPE_CHECKING:
+    from llmp.analysis.config import Config
+    from llmp.analysis.loss import Between
+    from llmp.analysis.rows import Row
+
+SERVER_CACHE_LOSS = "server_cache_loss"
+
+
+@dataclass
+class Memory:
+    """Whether a served model's cache can return to an earlier position, as its turns show.
+
+    The signature of a cache that cannot (a sliding-window or hybrid model on
+    llama-server, R31): appended turns reuse everything, while every change drops
+    reuse to 0 or to a checkpoint before it.
+    """
+
+    appended: int = 0
+    appended_lost: int = 0
+    changes: int = 0
+    rolled_back: int = 0
+    """Changes after which the server went back to where the change began."""
+
+    @property
+    def signature(self) -> bool:
+        return (
+            self.appended > 0
+            and self.appended_lost == 0
+            and self.changes > 0
+            and self.rolled_back == 0
+        )
+
+    def evidence(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "appended_turns": self.appended,
+            "appended_lost": self.appended_lost,
+            "changes": self.changes,
+            "changes_rolled_back": self.rolled_back,
+            "text": None,
+        }
+        if self.signature:
+            out["text"] = (
+                f"Its {self.appended} appended turns reused the whole cache, and after each of "
+                f"the {self.changes} changes it re-read from the start or from a checkpoint: "
+                "the model's cache cannot go back (a sliding-window or hybrid/recurrent model)."
+            )
+        return out
+
+
+class ServerCacheLoss(FindingKind):
+    """Per served model and server cause (causes.py's `server` group)."""
+
+    name = SERVER_CACHE_LOSS
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg)
+        self.groups: dict[tuple[str, str], LossGroup] = {}
+        self.memory: dict[str, Memory] = {}
+
+    def linked(self, row: Row, btw: Between, cut: bool) -> None:
+        if not row.new_conversation:
+            self._memory(row, btw)
+        ext = row.lost_external
+        # A prompt the server cut lost its cache to the cut, not to the
+        # server: context_overflow names it.
+        if ext is not None and ext.cause in SERVER_CAUSES and not btw.skipped and not cut:
+            group(self.groups, (row.served, ext.cause)).add_loss(row.id, ext, True)
+
+    def _memory(self, row: Row, btw: Between) -> None:
+        """What a linked turn shows of whether the server's cache can go back (R31)."""
+        mem = self.memory.get(row.served)
+        if mem is None:
+            mem = self.memory[row.served] = Memory()
+        if btw.would_cause is not None or row.counts.reused_tokens is None:
+            return  # something else may have taken the cache, or nothing was measured
+        ext = row.lost_external
+        if row.break_cause is None:
+            mem.appended += 1
+            mem.appended_lost += ext is not None
+        elif not row.compaction:
+            mem.changes += 1
+            mem.rolled_back += ext is None or ext.cause != SERVER_NO_ROLLBACK
+
+    def build(self, label: Label, tools: Tools) -> list[dict[str, Any]]:
+        out = []
+        for (served, kind), g in self.groups.items():
+            mem = self.memory.get(served) if kind == SERVER_NO_ROLLBACK else None
+            f = loss_finding(self.cfg, self.name, served, None, g, _confidence(kind, g, mem))
+            if f is not None:
+                f["evidence"] = {"kind": kind}
+                if mem is not None:
+                    f["evidence"]["memory"] = mem.evidence()
+                out.append(f)
+        return out
+
+    @classmethod
+    def sentence(cls, f: dict[str, Any]) -> tuple[str, str]:
+        ev = f.get("evidence", {})
+        sub = causes.BY_NAME.get(str(ev.get("kind")))
+        if sub is None or sub.group != causes.SERVER:
+            sub = causes.BY_NAME[causes.SERVER_ROLLBACK]
+        n = len(f.get("rows", []))
+        story = sub.story.format(
+            model=short_model(f.get("model")), times=times(n), lost=lost_text(f)
+        )
+        return (story + _memory_note(ev), advised(ev, sub.fix))
+
+    @classmethod
+    def gate_detail(cls, f: dict[str, Any]) -> Any:
+        return (f.get("evidence") or {}).get("kind")
+
+
+def _confidence(kind: str, g: LossGroup, mem: Memory | None) -> str:
+    if kind == SERVER_EMPTY:
+        return HIGH
+    if kind == SERVER_HEAD_ONLY:
+        return HIGH if len(g.rows) >= 2 else MEDIUM
+    if mem is not None and mem.signature:
+        return HIGH
+    return MEDIUM
+
+
+def _memory_note(ev: dict[str, Any]) -> str:
+    """What the traffic shows of the model's memory."""
+    memory = ev.get("memory")
+    if not isinstance(memory, dict) or not memory.get("text"):
+        return ""
+    return f" {memory['text']}"
+
+
+__all__ = ["SERVER_CACHE_LOSS", "Memory", "ServerCacheLoss"]
