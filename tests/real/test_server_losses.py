@@ -308,3 +308,39 @@ def test_llama_server_defaults_lose_nothing_to_side_calls_or_a_second_agent(
         assert report["time"]["by_cause"] == {}
         losses = {"side_call_on_conversation_model", "other_conversation_eviction"}
         assert not [f for f in report["findings"] if f["kind"] in losses]
+
+
+def test_with_several_slots_an_eviction_is_likely_not_certain(tmp_path: Path) -> None:
+    """Two slots, three agents: A and B each keep their slot while the other runs (the
+    server holds more than one prompt), then C takes the least recently used slot, A's.
+    A's next turn re-reads its prompt; llmp charges it to the other conversation, but
+    says "likely": the same server kept other turns across such requests."""
+    with LlamaServer(ctx=16384, parallel=2, log_path=tmp_path / "llama.log") as server:
+
+        def drive(client: Any, case: Case) -> None:
+            agents = [
+                [{"role": "system", "content": INTRO + rules(6, start=i * 6)}] for i in range(3)
+            ]
+
+            def step(i: int, minute: int) -> None:
+                agents[i].append({"role": "user", "content": log_lines(4, minute=minute)})
+                agents[i].append({"role": "assistant", "content": turn(client, agents[i])})
+
+            for i, minute in ((0, 0), (1, 1), (0, 2), (1, 3), (2, 4), (0, 5), (2, 6)):
+                step(i, minute)  # records 1-7: A B A B C A C (C continues: no side-call)
+
+        case = record(server, tmp_path, "slots", drive)
+    a2, b2, a3 = case.timings(3), case.timings(4), case.timings(6)
+    a1 = case.timings(1)
+    assert a2["cache_n"] >= a1["cache_n"] + a1["prompt_n"] - 1, (a1, a2)  # A kept its slot
+    assert b2["cache_n"] > 0
+    assert a3["cache_n"] < 100, a3  # C took A's slot: the server's own count
+    report = case.reports["digest"]
+    row = case.row(6)
+    assert row["linked_to"] == 3 and row["other_conversations_between"] == [4, 5], row
+    assert row["lost_external"]["cause"] == "other_conversation", row
+    (f,) = [f for f in report["findings"] if f["kind"] == "other_conversation_eviction"]
+    assert f["evidence"]["kept_across"] >= 2  # A's and B's second turns, and C's maybe
+    assert f["confidence"] == "medium"
+    text = analyze_text(case.notes["digest_path"])
+    assert "likely evicted the cache" in text, text

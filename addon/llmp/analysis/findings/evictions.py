@@ -37,12 +37,20 @@ class Eviction(FindingKind):
     cause: ClassVar[str]
     """The loss cause (causes.py) this kind collects."""
 
+    likely: ClassVar[bool] = True
+    """Several slots or a host-memory cache make this eviction likely, not certain."""
+
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
         self.groups: dict[str, LossGroup] = {}
+        self.kept: Counter[str] = Counter()
+        """Per served model, linked turns that lost nothing although a request that could
+        take the cache ran in between: the server holds more than one prompt."""
 
     def linked(self, row: Row, btw: Between, cut: bool) -> None:
         ext = row.lost_external
+        if ext is None and row.loss_measured and btw.would_cause is not None:
+            self.kept[row.served] += 1
         if ext is not None:
             cause, loss = ext.cause, ext
         elif row.counts.reused_tokens is None and btw.would_cause is not None:
@@ -63,9 +71,15 @@ class Eviction(FindingKind):
     def build(self, label: Label, tools: Tools) -> list[dict[str, Any]]:
         out = []
         for served, g in self.groups.items():
-            f = loss_finding(self.cfg, self.name, served, None, g, confidence(g))
+            kept = self.kept[served] if self.likely else 0
+            conf = confidence(g)
+            if kept and conf == HIGH:
+                conf = MEDIUM
+            f = loss_finding(self.cfg, self.name, served, None, g, conf)
             if f is not None:
                 f["evidence"] = self.evidence(g, label)
+                if kept:
+                    f["evidence"]["kept_across"] = kept
                 out.append(f)
         return out
 
@@ -81,6 +95,12 @@ def confidence(g: LossGroup) -> str:
     if g.unmeasured or g.mixed:
         return MEDIUM
     return HIGH
+
+
+def evicted(f: dict[str, Any]) -> str:
+    """"evicted", or "likely evicted" where the same server kept other turns' caches
+    across such requests (several slots, or llama-server's host-memory cache)."""
+    return "likely evicted" if f.get("evidence", {}).get("kept_across") else "evicted"
 
 
 def _labels(keys: set[int], label: Label) -> list[str]:
@@ -125,8 +145,8 @@ class SideCallOnModel(Eviction):
         shapes = ", ".join(SHAPE_WORDS.get(s, s) for s in ev.get("shapes", {})) or "side"
         return (
             f"{join_names(ev.get('clients', []))}'s {shapes} side-calls ran on "
-            f"{short_model(f.get('model'))}, the model serving the conversation, and evicted "
-            f"the cache {times(n)}: {lost_text(f)}.",
+            f"{short_model(f.get('model'))}, the model serving the conversation, and "
+            f"{evicted(f)} the cache {times(n)}: {lost_text(f)}.",
             advised(ev, causes.BY_NAME[causes.SIDE_CALL].fix),
         )
 
@@ -159,8 +179,8 @@ class OtherConversationEviction(Eviction):
         who = join_names(ev.get("clients", []))
         return (
             f"{k} other conversation{'s' if k != 1 else ''} ({who}) ran "
-            f"on {short_model(f.get('model'))} between turns and evicted the cache {times(n)}: "
-            f"{lost_text(f)}.",
+            f"on {short_model(f.get('model'))} between turns and {evicted(f)} the cache "
+            f"{times(n)}: {lost_text(f)}.",
             causes.BY_NAME[causes.OTHER_CONVERSATION].fix,
         )
 
@@ -170,6 +190,7 @@ class OtherModelEviction(Eviction):
 
     name = OTHER_MODEL_EVICTION
     cause = OTHER_MODEL
+    likely = False  # another model's load unloads this one's cache whatever the slots
 
     def collect(self, g: LossGroup, btw: Between) -> None:
         for e in btw.domain_entries:
