@@ -850,6 +850,9 @@ def losses(
     (`Verdict.rolled_back`), so its cache can return to any position (R31).
     `down`: the server was found down since the linked turn (a restart empties the
     cache whatever the model), so a shortfall keeps its own kind, not R31's.
+    `server`: the program that answered (`apis.servers`).  A shared cache (vLLM, SGLang)
+    counts reuse in blocks, so a block's shortfall is no loss, and a request in between
+    evicts nothing by itself: a loss there is the cache's capacity, not that request's.
     """
     # Every row comes here: `Structure.total` and `.source` and `weakest` of two are
     # inlined, and the tools are only looked at when there are some.
@@ -873,33 +876,12 @@ def losses(
         factor = prompt[0] / total
         p_src = prompt[1]
         unit_src = source if source is not p_src and RANK[source] > RANK[p_src] else p_src
-    scaled = True
-    if st.exact_prefix is not None and prompt is not None and prompt[1] == SERVER:
-        p_srv: float = min(st.exact_prefix, prompt[0])
-        p_src = SERVER
-        scaled = False
-    elif (
-        st.before is not None
-        and source == TOKENIZER
-        and prompt is not None
-        and prompt[1] == SERVER
-        and prompt[0] >= total
-    ):
-        # The tokenizer counted each message's text; the template adds a few tokens to
-        # every message wherever it stands, so the messages before the break carry their
-        # share of what the server counted beyond the texts, not a share by size.
-        per_message = (prompt[0] - total) / max(1, st.messages)
-        p_srv, p_src = st.prefix + per_message * st.before, TOKENIZER
-    elif factor is not None:
-        p_srv, p_src = st.prefix * factor, unit_src
-    else:
-        p_srv, p_src = float(st.prefix), source
+    p_srv, p_src, scaled = _break_position(st, prompt, total, factor, source, unit_src)
     if prompt is not None and prompt[0] > 0:
         v.predicted_reuse = round(min(1.0, p_srv / prompt[0]), 4)
     elif total > 0:
         v.predicted_reuse = round(min(1.0, st.prefix / total), 4)
 
-    r_known = reused is not None and factor is not None
     tol = cfg.reuse_tolerance_tokens
     if st.volatile:
         v.volatile = _volatile_loss(st, counts, factor, unit_src, tol)
@@ -907,62 +889,17 @@ def losses(
     charged = st.break_cause is not None and not st.compaction
     deficit = 0.0
     external = False
-    if r_known and reused is not None:
-        p_cut = p_srv
-        if st.within and factor is not None and scaled:
-            # Where in the changed message the change falls is known only roughly in a
-            # digest; a server that reused past the message's start has shown it can go
-            # back to any position, and its own reuse is where the change began.
-            p_msg = (st.prefix - st.within) * factor
-            if reused[0] > p_msg + tol:
-                v.rolled_back = True
-                p_cut = min(p_srv, float(reused[0]))
-        if rolls_back and charged and p_src != TOKENIZER and (btw is None or not btw.would_cause):
-            # A cache that can go back re-read from the change: where an estimate put the
-            # change past the server's reuse, the estimate is what was off.
-            p_cut = min(p_cut, float(reused[0]))
+    if reused is not None and factor is not None:
+        p_cut = _where_the_server_had_to_go(
+            v, st, reused[0], p_srv, p_src, factor, scaled, charged, rolls_back, btw, tol
+        )
         deficit = p_cut - reused[0]
         threshold: float = tol + server.block_tokens - 1
         if scaled and source == ESTIMATE:
             threshold += cfg.estimate_margin * p_srv
-        why = btw.would_cause if btw is not None else None
-        shared = server.cache == SHARED
-        capacity = shared and why is not None
-        if capacity:
-            why = None  # a shared cache: what ran in between took memory, not a slot
-        if charged and st.tools_differ and why is None:
-            # The chat template decides where the tools sit (before the system
-            # text, inside it, or late): a changed tools array may break the
-            # prompt before its predicted place, and the shortfall is the
-            # client's, not the server's (docs/analysis.md §7).
-            threshold = float("inf")
-        external = deficit > threshold
-        if external:
-            src = weakest(p_src, reused[1])
-            r = reused[0]
-            if r <= cfg.empty_reuse_tokens:
-                kind = SERVER_EMPTY
-            elif r < cfg.head_share * p_srv:
-                kind = SERVER_HEAD_ONLY
-            else:
-                kind = SERVER_ROLLBACK
-            if capacity:
-                kind = SERVER_CAPACITY
-            elif st.rerender is not None and why is None:
-                kind = _rerendered(st, counts, factor, r, tol) or kind
-            elif charged and not down and not shared:
-                # R31: the client's change began at P; a cache that cannot return to an
-                # earlier position re-read what came before it too.
-                kind = SERVER_NO_ROLLBACK
-            v.server_kind = kind
-            if why is not None:
-                ext_cause, row_cause = why, why
-            else:
-                ext_cause = kind
-                skipped = btw is not None and btw.skipped and not capacity
-                row_cause = UNDETERMINED if skipped else SERVER_RESET
-            v.lost_external = Loss(ext_cause, round(deficit), _ms(deficit, src, counts))
-            v.cause = row_cause
+        external = _external_loss(
+            v, st, counts, btw, cfg, deficit, threshold, p_srv, p_src, factor, charged, down, server
+        )
 
     if charged:
         v.lost_client = _client_loss(
@@ -974,3 +911,131 @@ def losses(
     ):
         v.cause = STRUCTURAL
     return v
+
+
+def _break_position(
+    st: Structure,
+    prompt: MV | None,
+    total: int,
+    factor: float | None,
+    source: str,
+    unit_src: str,
+) -> tuple[float, str, bool]:
+    """P, where the prompt stops matching the linked turn's, in the server's tokens: its
+    value, its source, and whether it was scaled from composition units."""
+    assert st.prefix is not None
+    if st.exact_prefix is not None and prompt is not None and prompt[1] == SERVER:
+        return min(st.exact_prefix, prompt[0]), SERVER, False
+    if (
+        st.before is not None
+        and source == TOKENIZER
+        and prompt is not None
+        and prompt[1] == SERVER
+        and prompt[0] >= total
+    ):
+        # The tokenizer counted each message's text; the template adds a few tokens to
+        # every message wherever it stands, so the messages before the break carry their
+        # share of what the server counted beyond the texts, not a share by size.
+        per_message = (prompt[0] - total) / max(1, st.messages)
+        return st.prefix + per_message * st.before, TOKENIZER, True
+    if factor is not None:
+        return st.prefix * factor, unit_src, True
+    return float(st.prefix), source, True
+
+
+def _where_the_server_had_to_go(
+    v: Verdict,
+    st: Structure,
+    reused: float,
+    p_srv: float,
+    p_src: str,
+    factor: float,
+    scaled: bool,
+    charged: bool,
+    rolls_back: bool,
+    btw: Between | None,
+    tol: int,
+) -> float:
+    """P as the server's own reuse corrects it: a server that went back into the changed
+    message showed where the change began (`Verdict.rolled_back`, R31)."""
+    assert st.prefix is not None
+    p_cut = p_srv
+    if st.within and scaled:
+        # Where in the changed message the change falls is known only roughly in a
+        # digest; a server that reused past the message's start has shown it can go
+        # back to any position, and its own reuse is where the change began.
+        p_msg = (st.prefix - st.within) * factor
+        if reused > p_msg + tol:
+            v.rolled_back = True
+            p_cut = min(p_srv, reused)
+    if rolls_back and charged and p_src != TOKENIZER and (btw is None or not btw.would_cause):
+        # A cache that can go back re-read from the change: where an estimate put the
+        # change past the server's reuse, the estimate is what was off.
+        p_cut = min(p_cut, reused)
+    return p_cut
+
+
+def _external_loss(
+    v: Verdict,
+    st: Structure,
+    counts: Counts,
+    btw: Between | None,
+    cfg: Config,
+    deficit: float,
+    threshold: float,
+    p_srv: float,
+    p_src: str,
+    factor: float,
+    charged: bool,
+    down: bool,
+    server: Server,
+) -> bool:
+    """Charge what the server re-read short of P to what ran in between, or to the server
+    itself (`Verdict.lost_external`); whether anything was charged."""
+    reused = counts.reused_tokens
+    assert reused is not None
+    why = btw.would_cause if btw is not None else None
+    shared = server.cache == SHARED
+    capacity = shared and why is not None
+    if capacity:
+        why = None  # a shared cache: what ran in between took memory, not a slot
+    if charged and st.tools_differ and why is None:
+        # The chat template decides where the tools sit (before the system
+        # text, inside it, or late): a changed tools array may break the
+        # prompt before its predicted place, and the shortfall is the
+        # client's, not the server's (docs/analysis.md §7).
+        return False
+    if deficit <= threshold:
+        return False
+    r = reused[0]
+    if capacity:
+        kind = SERVER_CAPACITY
+    elif st.rerender is not None and why is None:
+        tol = cfg.reuse_tolerance_tokens
+        kind = _rerendered(st, counts, factor, r, tol) or _shortfall(r, p_srv, cfg)
+    elif charged and not down and not shared:
+        # R31: the client's change began at P; a cache that cannot return to an
+        # earlier position re-read what came before it too.
+        kind = SERVER_NO_ROLLBACK
+    else:
+        kind = _shortfall(r, p_srv, cfg)
+    v.server_kind = kind
+    if why is not None:
+        ext_cause, row_cause = why, why
+    else:
+        ext_cause = kind
+        skipped = btw is not None and btw.skipped and not capacity
+        row_cause = UNDETERMINED if skipped else SERVER_RESET
+    src = weakest(p_src, reused[1])
+    v.lost_external = Loss(ext_cause, round(deficit), _ms(deficit, src, counts))
+    v.cause = row_cause
+    return True
+
+
+def _shortfall(reused: float, p_srv: float, cfg: Config) -> str:
+    """How much of the cache the server kept, as a server cause."""
+    if reused <= cfg.empty_reuse_tokens:
+        return SERVER_EMPTY
+    if reused < cfg.head_share * p_srv:
+        return SERVER_HEAD_ONLY
+    return SERVER_ROLLBACK
