@@ -16,7 +16,7 @@ from llmp.analysis.classify import ONESHOT, SIDE_CALL, STATELESS, SUMMARISE, TUR
 from llmp.analysis.clients import ClientRegistry
 from llmp.analysis.config import Config
 from llmp.analysis.counters import exchange_counts
-from llmp.analysis.exchange import Digested, Exchange, Skip, Tools, prepare, prepare_digested
+from llmp.analysis.exchange import Digested, Exchange, Skip, Tools, prepare
 from llmp.analysis.findings import Findings
 from llmp.analysis.identity import conflicts
 from llmp.analysis.linking import (
@@ -182,12 +182,11 @@ class Engine:
         `rec` is a parsed record (`format.lines.parse_line`), or one the fast path
         read (`exchange.read_record`); both give the same row.
         """
+        ex = prepare(rec, self._tools_cache)
         if type(rec) is Digested:
-            ex = prepare_digested(rec, self._tools_cache)
             t_start = rec.rec.t_start_ms
         else:
             assert isinstance(rec, dict)
-            ex = prepare(rec, self._tools_cache)
             t_start = rec["t_start_ms"]
         report = self.report
         if report:
