@@ -88,9 +88,10 @@ changed = st.none() | st.lists(st.dictionaries(texts, values, max_size=3), max_s
 def any_rows(draw: Any) -> Row:  # Any: every field takes values of any type here
     """Rows with any value in any field: what the Python writer would be handed."""
     row = Row(
-        draw(markers), draw(texts | odd), draw(texts | odd), draw(markers), draw(values),
-        draw(values), draw(values), draw(values), draw(values), draw(values), draw(counts),
-        draw(compositions),
+        id=draw(markers), api=draw(texts | odd), model=draw(texts | odd), client=draw(markers),
+        t_start_ms=draw(values), kind=draw(values), side_call_shape=draw(values),
+        session=draw(values), conversation=draw(values), turn=draw(values), counts=draw(counts),
+        composition=draw(compositions),
     )  # fmt: skip
     for name in (
         "linked_to", "new_conversation", "prefix_tokens", "break_cause", "compaction",
@@ -128,19 +129,26 @@ def ordinary_rows(draw: st.DrawFn) -> Row:
         Loss, st.sampled_from(["side_call", "structural"]), st.integers(0, 10**6), opt_mv
     )
     row = Row(
-        draw(st.integers(1, 2**40)), draw(st.sampled_from(["openai_chat", "ollama_chat"])),
-        draw(st.text(alphabet="qwen3-.:_/0123456789", max_size=20)), draw(st.integers(0, 9)),
-        draw(st.integers(0, 2**45)), draw(st.sampled_from(["turn", "side_call"])),
-        draw(st.none() | st.sampled_from(["oneshot", "summarise"])), draw(st.integers(1, 9)),
-        draw(st.none() | st.integers(1, 10**5)), draw(st.none() | st.integers(1, 10**4)),
-        Counts(*[draw(opt_mv) for _ in range(7)]),  # type: ignore[arg-type]  # 7 MVs
-        (draw(plain_mv), draw(plain_mv), draw(plain_mv), draw(plain_mv)),
-        draw(st.none() | st.integers(1, 10**6)), draw(st.booleans()),
-        draw(st.none() | st.integers(0, 10**6)), draw(st.none() | st.sampled_from(["tools", "system"])),
-        draw(st.booleans()), draw(st.none() | st.floats(0, 1)), draw(st.none() | st.floats(0, 1)),
-        draw(st.none() | st.just("other_conversation")), draw(loss), draw(loss),
-        draw(st.lists(st.integers(1, 10**6), max_size=3)), draw(st.lists(st.integers(1, 10**6), max_size=3)),
-        draw(st.lists(st.integers(1, 10**6), max_size=3)), draw(st.booleans()), draw(changes),
+        id=draw(st.integers(1, 2**40)), api=draw(st.sampled_from(["openai_chat", "ollama_chat"])),
+        model=draw(st.text(alphabet="qwen3-.:_/0123456789", max_size=20)),
+        client=draw(st.integers(0, 9)), t_start_ms=draw(st.integers(0, 2**45)),
+        kind=draw(st.sampled_from(["turn", "side_call"])),
+        side_call_shape=draw(st.none() | st.sampled_from(["oneshot", "summarise"])),
+        session=draw(st.integers(1, 9)), conversation=draw(st.none() | st.integers(1, 10**5)),
+        turn=draw(st.none() | st.integers(1, 10**4)),
+        counts=Counts(*[draw(opt_mv) for _ in range(7)]),  # type: ignore[arg-type]  # 7 MVs
+        composition=(draw(plain_mv), draw(plain_mv), draw(plain_mv), draw(plain_mv)),
+        linked_to=draw(st.none() | st.integers(1, 10**6)), new_conversation=draw(st.booleans()),
+        prefix_tokens=draw(st.none() | st.integers(0, 10**6)),
+        break_cause=draw(st.none() | st.sampled_from(["tools", "system"])),
+        compaction=draw(st.booleans()), predicted_reuse=draw(st.none() | st.floats(0, 1)),
+        observed_reuse=draw(st.none() | st.floats(0, 1)),
+        cause=draw(st.none() | st.just("other_conversation")),
+        lost_client=draw(loss), lost_external=draw(loss),
+        side_calls_between=draw(st.lists(st.integers(1, 10**6), max_size=3)),
+        other_conversations_between=draw(st.lists(st.integers(1, 10**6), max_size=3)),
+        other_domains_between=draw(st.lists(st.integers(1, 10**6), max_size=3)),
+        loss_measured=draw(st.booleans()), changed=draw(changes),
     )  # fmt: skip
     row.recording = draw(st.integers(0, 3))
     row.draft_n, row.draft_n_accepted = (
@@ -167,7 +175,20 @@ def test_ordinary_rows_are_written_in_c(row: Row) -> None:
 @settings(max_examples=3000, deadline=None)
 @given(st.floats() | st.sampled_from(EDGE_FLOATS))
 def test_floats_are_orjson_s(x: float) -> None:
-    row = Row(1, "a", "m", 0, 0, "turn", None, 1, None, None, Counts(), ((x, "estimate"),) * 4)
+    row = Row(
+        id=1,
+        api="a",
+        model="m",
+        client=0,
+        t_start_ms=0,
+        kind="turn",
+        side_call_shape=None,
+        session=1,
+        conversation=None,
+        turn=None,
+        counts=Counts(),
+        composition=((x, "estimate"),) * 4,
+    )
     row.predicted_reuse = x
     assert c_line(row) == row.spill_line()
     assert orjson.dumps(x) in (c_line(row) or b"")
@@ -176,8 +197,25 @@ def test_floats_are_orjson_s(x: float) -> None:
 # -- the class as the C writer finds it ------------------------------------------
 
 
+def small_fields() -> dict[str, Any]:
+    return {
+        "id": 7,
+        "api": "openai_chat",
+        "model": "m",
+        "client": 1,
+        "t_start_ms": 100,
+        "kind": "turn",
+        "side_call_shape": None,
+        "session": 1,
+        "conversation": 2,
+        "turn": 3,
+        "counts": Counts(),
+        "composition": ((1, "server"),) * 4,
+    }
+
+
 def small_row() -> Row:
-    return Row(7, "openai_chat", "m", 1, 100, "turn", None, 1, 2, 3, Counts(), ((1, "server"),) * 4)
+    return Row(**small_fields())
 
 
 def test_a_subclass_is_read_through_its_own_attributes() -> None:
@@ -192,7 +230,7 @@ def test_a_subclass_is_read_through_its_own_attributes() -> None:
         def kind(self, value: str) -> None:
             pass
 
-    row = Loud(7, "openai_chat", "m", 1, 100, "turn", None, 1, 2, 3, Counts(), ((1, "server"),) * 4)
+    row = Loud(**small_fields())
     assert rows.spill_line(row) == Row.spill_line(row)
     assert b'"kind":"LOUD"' in rows.spill_line(row)
     assert rows.spill_line(small_row()) == small_row().spill_line()  # and Row again after it

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from llmp.analysis import analyze
-from llmp.analysis.exchange import Digested, Skip, prepare_digested, read_record
+from llmp.analysis.exchange import Digested, Skip, prepare, read_record
 from llmp.format.canonical import hash_bytes
 from tests.support.mitm import Mitmdump, wait_for_records
 from tests.support.upstreams import Upstream
@@ -99,7 +99,7 @@ def test_identity_headers_kept_hashed_and_nothing_else(
     if mode == "digest":  # the fast path's typed decode takes it, headers and all
         fast_read = read_record(path.read_bytes().splitlines()[0])
         assert type(fast_read) is Digested
-        ex = prepare_digested(fast_read)
+        ex = prepare(fast_read)
         assert not isinstance(ex, Skip) and ex.ua == "Kilo Code (python-httpx/0.28.1)"
         assert dict(ex.sessions)["x-session-id"] == kept["x-session-id"]
     # Both readers take the record, and name the client by its title (R33).

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from llmp.apis import ChatApi
 from llmp.apis.base import CountHints, Counts
+from llmp.apis.openai_chat import openai_counts
 from llmp.format.fastread import LlamaTop
-from llmp.format.measure import MV, PROXY, SERVER
+from llmp.format.measure import MV, PROXY
 
 if TYPE_CHECKING:
     from llmp.analysis.exchange import Exchange
@@ -65,51 +66,10 @@ def exchange_counts(
     if top is None:
         c = Counts()
     elif type(top) is LlamaTop:
-        c = llama_counts(top)
+        c = openai_counts(top)  # the fast path's llama-server usage
     else:
         assert isinstance(top, dict)
         c = ex.api.counts(top, CountHints(estimated_prompt, evaluated_share, known_old))
     if ex.streamed and (c.prefill_ms is None or c.decode_ms is None):
         _proxy_times(c, Timing(ex.t_start, ex.t_first_byte, ex.t_end, True, ex.t_first_event))
-    return c
-
-
-def llama_counts(top: LlamaTop) -> Counts:
-    """`apis.openai_chat.openai_counts` of a usage read typed (`fastread.LlamaTop`):
-    the same Counts, step for step, from fields whose types the decode checked (an
-    absent field or null is None, as `nonneg` and `_num` make it)."""
-    usage, timings = top.usage, top.timings
-    prompt = completion = cache_n = prompt_n = cached = pm = dm = None
-    if usage is not None:
-        prompt, completion = usage.prompt_tokens, usage.completion_tokens
-        if prompt is not None and prompt < 0:
-            prompt = None
-        if completion is not None and completion < 0:
-            completion = None
-    if timings is not None:
-        cache_n, prompt_n = timings.cache_n, timings.prompt_n
-        if cache_n is not None and cache_n < 0:
-            cache_n = None
-        if prompt_n is not None and prompt_n < 0:
-            prompt_n = None
-        pm, dm = timings.prompt_ms, timings.predicted_ms
-    if cache_n is None and usage is not None and usage.prompt_tokens_details is not None:
-        cached = usage.prompt_tokens_details.cached_tokens
-        if cached is not None and cached < 0:
-            cached = None
-    if prompt is None and cache_n is not None and prompt_n is not None:
-        prompt = cache_n + prompt_n
-    reused = cache_n if cache_n is not None else cached
-    evaluated = prompt_n
-    if evaluated is None and prompt is not None and reused is not None:
-        evaluated = max(0, prompt - reused)
-    if completion is None and timings is not None:
-        completion = timings.predicted_n
-        if completion is not None and completion < 0:
-            completion = None
-    c = Counts.server(prompt, completion, reused, evaluated)
-    if pm is not None and pm >= 0:
-        c.prefill_ms = (pm, SERVER)
-    if dm is not None and dm >= 0:
-        c.decode_ms = (dm, SERVER)
     return c

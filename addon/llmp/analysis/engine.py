@@ -16,7 +16,7 @@ from llmp.analysis.classify import ONESHOT, SIDE_CALL, STATELESS, SUMMARISE, TUR
 from llmp.analysis.clients import ClientRegistry
 from llmp.analysis.config import Config
 from llmp.analysis.counters import exchange_counts
-from llmp.analysis.exchange import Digested, Exchange, Skip, Tools, prepare, prepare_digested
+from llmp.analysis.exchange import Digested, Exchange, Skip, Tools, prepare
 from llmp.analysis.findings import Findings
 from llmp.analysis.identity import conflicts
 from llmp.analysis.linking import (
@@ -183,12 +183,11 @@ class Engine:
         `rec` is a parsed record (`format.lines.parse_line`), or one the fast path
         read (`exchange.read_record`); both give the same row.
         """
+        ex = prepare(rec, self._tools_cache)
         if type(rec) is Digested:
-            ex = prepare_digested(rec, self._tools_cache)
             t_start = rec.rec.t_start_ms
         else:
             assert isinstance(rec, dict)
-            ex = prepare(rec, self._tools_cache)
             t_start = rec["t_start_ms"]
         report = self.report
         if report:
@@ -438,8 +437,8 @@ class Engine:
         self._emit(fed)
 
     def _row(self, s: Session, ex: Exchange) -> tuple[Row, Between | None]:
-        # The hot path: constructors get positional arguments (keywords cost a
-        # Python call twice as much), lookups are inlined.
+        # The hot path: lookups are inlined.  `Row` is built by keywords (about 1.5 µs a
+        # row more than positionally, docs/performance.md, "Fast-path twins").
         cfg = self.cfg
         self._forked = None
         n_sys = ex.n_sys
@@ -480,21 +479,21 @@ class Engine:
                     del ref.replies[:-4]
             flat = self._last_structure = st.unlinked()
             row = Row(
-                ex.id,
-                api_name,
-                model,
-                client,
-                ex.t_start,
-                kind,
-                shape,
-                s.number,
-                None,
-                None,
-                counts,
-                (flat.system, flat.tools, flat.history, flat.new),
+                id=ex.id,
+                api=api_name,
+                model=model,
+                client=client,
+                t_start_ms=ex.t_start,
+                kind=kind,
+                side_call_shape=shape,
+                session=s.number,
+                conversation=None,
+                turn=None,
+                counts=counts,
+                composition=(flat.system, flat.tools, flat.history, flat.new),
+                loss_measured=loss_measured(counts),
+                served=served,
             )
-            row.loss_measured = loss_measured(counts)
-            row.served = served
             s.ring.append(RingEntry(ex.id, served, kind, None, shape, client, model))
             return row, None
 
@@ -540,36 +539,36 @@ class Engine:
         if verdict.rolled_back:
             s.rolls_back.add(served)
         row = Row(
-            ex.id,
-            api_name,
-            model,
-            conv.client,
-            ex.t_start,
-            TURN,
-            None,
-            s.number,
-            conv.number,
-            conv.turns,
-            counts,
-            (st.system, st.tools, st.history, st.new),
-            linked_to,
-            st.new_conversation,
-            st.prefix,
-            st.break_cause,
-            st.compaction,
-            verdict.predicted_reuse,
-            verdict.observed_reuse,
-            verdict.cause,
-            verdict.lost_client,
-            verdict.lost_external,
-            btw.side_calls if btw is not None else [],
-            btw.other_conversations if btw is not None else [],
-            btw.other_domains if btw is not None else [],
-            loss_measured(counts),
-            st.changed or None,
-            served,
-            verdict.volatile,
-            st.volatile_where,
+            id=ex.id,
+            api=api_name,
+            model=model,
+            client=conv.client,
+            t_start_ms=ex.t_start,
+            kind=TURN,
+            side_call_shape=None,
+            session=s.number,
+            conversation=conv.number,
+            turn=conv.turns,
+            counts=counts,
+            composition=(st.system, st.tools, st.history, st.new),
+            linked_to=linked_to,
+            new_conversation=st.new_conversation,
+            prefix_tokens=st.prefix,
+            break_cause=st.break_cause,
+            compaction=st.compaction,
+            predicted_reuse=verdict.predicted_reuse,
+            observed_reuse=verdict.observed_reuse,
+            cause=verdict.cause,
+            lost_client=verdict.lost_client,
+            lost_external=verdict.lost_external,
+            side_calls_between=btw.side_calls if btw is not None else [],
+            other_conversations_between=btw.other_conversations if btw is not None else [],
+            other_domains_between=btw.other_domains if btw is not None else [],
+            loss_measured=loss_measured(counts),
+            changed=st.changed or None,
+            served=served,
+            volatile=verdict.volatile,
+            volatile_where=st.volatile_where,
         )
         conv.last = state
         s.touch(conv)

@@ -8,6 +8,7 @@ Nothing here keeps message text: only hashes, sizes and counters.
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -19,7 +20,13 @@ from llmp.apis import ChatApi, api_for, request_digest_of, response_digest_of, s
 from llmp.apis.openai_chat import OpenAIChat
 from llmp.format.fastread import (
     NULL,
+    CallRef,
     DigestRecord,
+    FastOutput,
+    FastParams,
+    FastRequestDigest,
+    FastResponseDigest,
+    FastTokens,
     Headers,
     Histories,
     LlamaRecord,
@@ -27,6 +34,8 @@ from llmp.format.fastread import (
     LlamaResponseDigest,
     LlamaTop,
     Msg,
+    Request,
+    Response,
     ToolDef,
     ToolLists,
     decode_digest,
@@ -93,7 +102,7 @@ def _probe(req: dict[str, Any], api: ChatApi) -> Probe | None:
         return None
     if digest is None:
         return None
-    ua, _, _ = identity(req.get("headers"))
+    ua, _, _ = identity(headers_of(req.get("headers")))
     msgs = digest.get("messages") if isinstance(digest.get("messages"), list) else []
     sys: list[str] = []
     for m in msgs:
@@ -107,31 +116,29 @@ def _probe(req: dict[str, Any], api: ChatApi) -> Probe | None:
     return Probe(ua, names, tuple(sys))
 
 
-def identity(headers: Any) -> tuple[str | None, Sessions, bool]:
-    """A record's client name (`identity.client_name`), separating session values and
-    whether it is a retry, from its request `headers` (None when they are no object)."""
-    if type(headers) is not dict:
-        return None, NO_SESSIONS, False
-    ua = headers.get("user-agent")
-    ua = ua if type(ua) is str and ua else None
-    if headers.keys() <= _PLAIN_HEADERS:  # nothing more to read
-        return ua, NO_SESSIONS, False
-    return client_name(ua, headers), sessions_of(headers), is_retry(headers)
-
-
 _PLAIN_HEADERS = frozenset(("user-agent", "content-type", "content-length", "transfer-encoding"))
 """R15's headers, which say nothing of a client's identity but its user-agent."""
 
+_HEADER_FIELDS = tuple((f.name, f.encode_name) for f in msgspec.structs.fields(Headers))
+"""`Headers`' fields with their header names (`headers_of`)."""
+
 _IDENTITY_FIELDS = tuple(
-    (f.name, f.encode_name)
-    for f in msgspec.structs.fields(Headers)
-    if f.encode_name not in _PLAIN_HEADERS
+    (a, name) for a, name in _HEADER_FIELDS if name not in _PLAIN_HEADERS and name != "server"
 )
-"""The fast path's `Headers` fields of R32, with their header names."""
+"""`Headers`' fields of R32, with their header names."""
 
 
-def _identity_typed(headers: Headers | None) -> tuple[str | None, Sessions, bool]:
-    """`identity` of the headers the fast path decoded."""
+def headers_of(headers: Any) -> Headers | None:
+    """A parsed record's request (or response) headers as the fast path decodes them: the ones
+    `Headers` names, when a string (the analysis reads no other), else None."""
+    if type(headers) is not dict:
+        return None
+    return Headers(**{a: v for a, name in _HEADER_FIELDS if type(v := headers.get(name)) is str})
+
+
+def identity(headers: Headers | None) -> tuple[str | None, Sessions, bool]:
+    """A record's client name (`identity.client_name`), separating session values and
+    whether it is a retry, from its request `headers`."""
     if headers is None:
         return None, NO_SESSIONS, False
     ua = headers.user_agent or None
@@ -203,43 +210,9 @@ class Tools:
 EMPTY_TOOLS = Tools([], None, None)
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class Exchange:
     """One chat request that becomes a row, reduced to what the analysis uses."""
-
-    __slots__ = (
-        "_cum",
-        "api",
-        "draft_n",
-        "draft_n_accepted",
-        "has_model_msgs",
-        "hashes",
-        "id",
-        "max_tokens",
-        "msgs",
-        "n_sys",
-        "num_ctx",
-        "out_chars",
-        "out_tool_names",
-        "requested_model",
-        "retry",
-        "served_model",
-        "server",
-        "sessions",
-        "stored_prompt",
-        "streamed",
-        "structured",
-        "t_end",
-        "t_first_byte",
-        "t_first_event",
-        "t_start",
-        "texts",
-        "tokmap",
-        "tool_digests",
-        "tools",
-        "top",
-        "ua",
-        "user_agent",
-    )
 
     id: int
     api: ChatApi
@@ -282,7 +255,7 @@ class Exchange:
     draft_n: int | None
     """llama-server's `timings.draft_n` (a draft model ran), kept out of `Counts`."""
     draft_n_accepted: int | None
-    _cum: tuple[list[int], list[int]] | None
+    _cum: tuple[list[int], list[int]] | None = field(default=None, init=False, repr=False)
 
     def edges(self, i: int) -> tuple[int, Any, Any]:
         """Message i's size in characters and its head and tail hashes (R5)."""
@@ -369,32 +342,26 @@ def _texts(api: ChatApi, body: dict[str, Any]) -> tuple[str, ...] | None:
     return texts if sum(map(len, texts)) <= MAX_TEXT_CHARS else None
 
 
-def _count(d: dict[str, Any], key: str) -> int | None:
-    v = d.get(key)
-    return v if type(v) is int and v >= 0 else None
-
-
-def draft_counts(top: dict[str, Any] | None) -> tuple[int | None, int | None]:
+def draft_counts(top: dict[str, Any] | LlamaTop | None) -> tuple[int | None, int | None]:
     """`timings.draft_n` and `timings.draft_n_accepted`: what speculative decoding drafted
-    and kept (llama-server sends both only when a draft model ran); None when not said."""
-    timings = top.get("timings") if top is not None else None
-    if type(timings) is not dict:
-        return None, None
-    n = _count(timings, "draft_n")
-    if n is None:
-        return None, None
-    return n, _count(timings, "draft_n_accepted")
+    and kept (llama-server sends both only when a draft model ran); None when not said.
 
-
-def _typed_draft_counts(top: LlamaTop) -> tuple[int | None, int | None]:
-    """`draft_counts` of the same usage read typed."""
-    timings = top.timings
-    if timings is None:
-        return None, None
-    n = timings.draft_n
+    `top` is a response's usage as the plain reader parses it, or as the fast path
+    decodes it: only the reading differs, each count taken when it is an integer."""
+    if isinstance(top, LlamaTop):
+        timings = top.timings
+        if timings is None:
+            return None, None
+        n, a = timings.draft_n, timings.draft_n_accepted
+    else:
+        t = top.get("timings") if top is not None else None
+        if type(t) is not dict:
+            return None, None
+        n, a = t.get("draft_n"), t.get("draft_n_accepted")
+        n = n if type(n) is int else None
+        a = a if type(a) is int else None
     if n is None or n < 0:
         return None, None
-    a = timings.draft_n_accepted
     return n, a if a is not None and a >= 0 else None
 
 
@@ -433,151 +400,16 @@ def _tools_of(
     return Tools(tools, tools_tok, th)
 
 
-def prepare(rec: dict[str, Any], tools_cache: dict[str, Tools] | None = None) -> Exchange | Skip:
-    """The Exchange of a record, or why it is skipped.
-
-    `tools_cache` maps a tools_hash to its Tools for records without
-    tokenizer counts, so a tools array resent on every turn is sized once.
-    """
-    req = rec.get("request")
-    if type(req) is not dict:
-        return Skip(UNPARSED)
-    method = req.get("method")
-    path = req.get("path")
-    if type(method) is not str or type(path) is not str:
-        return Skip(NOT_CHAT, strip_query(path) if isinstance(path, str) else "?")
-    api = chat_api(method, path)
-    if api is None:
-        return Skip(NOT_CHAT, strip_query(path))
-    resp = rec.get("response")
-    if rec.get("error") is not None or type(resp) is not dict:
-        return Skip(ERROR, chat=True, probe=_probe(req, api))
-    status = resp.get("status")
-    if type(status) is not int or not 200 <= status < 300:
-        refusal = refusal_of(rec, req, resp, api, status)
-        return Skip(NON_2XX, chat=True, refusal=refusal, probe=_probe(req, api))
-    texts: tuple[str, ...] | None = None
-    try:
-        digest: Any = request_digest_of(req, api)
-        rd: Any = response_digest_of(resp, api)
-        body = req.get("body")
-        if req.get("digest") is None and isinstance(body, dict):
-            texts = _texts(api, body)
-    except (ValueError, TypeError, RecursionError):
-        return Skip(UNPARSED, chat=True)  # a body the digest cannot be taken of
-    if type(digest) is not dict:
-        return Skip(UNPARSED, chat=True)
-    if type(rd) is dict:
-        top = rd.get("usage")
-        out = rd.get("output")
-        if type(top) is not dict:
-            top = None
-    else:
-        top = out = None
-
-    ex = Exchange()
-    ex._cum = None
-    ex.texts = texts
-    ex.id = rec["id"]
-    ex.api = api
-    t_start = ex.t_start = rec["t_start_ms"]
-    tfb = rec.get("t_first_byte_ms")
-    ex.t_first_byte = tfb if type(tfb) is int else None
-    tfe = rec.get("t_first_event_ms")  # R28; absent in recordings made before it
-    ex.t_first_event = tfe if type(tfe) is int else None
-    te = rec.get("t_end_ms")
-    ex.t_end = te if type(te) is int else t_start
-    headers = req.get("headers")
-    ua = headers.get("user-agent") if type(headers) is dict else None
-    ex.user_agent = ua if type(ua) is str and ua else None
-    ex.ua, ex.sessions, ex.retry = identity(headers)
-    model = digest.get("model")
-    requested = ex.requested_model = model if type(model) is str and model else None
-    ex.top = top
-    ex.draft_n, ex.draft_n_accepted = draft_counts(top)
-    served = top.get("model") if top is not None else None
-    ex.served_model = served if type(served) is str and served else requested or "unknown"
-    ex.streamed = resp.get("stream") is not None
-    rh = resp.get("headers")
-    sv = rh.get("server") if type(rh) is dict else None
-    ex.server = sv if type(sv) is str and sv else None
-
-    raw_msgs = digest.get("messages")
-    if type(raw_msgs) is not list:
-        raw_msgs = []
-    msgs: list[Msg]
-    try:
-        hashes = tuple(map(_HASH, raw_msgs))
-        hash(hashes)  # every element hashable: sets and lookups will work
-        n_sys = 0
-        for m in raw_msgs:
-            if m["role"] not in SYSTEM_ROLES:
-                break
-            n_sys += 1
-        has_model = False
-        for m in raw_msgs:
-            if m["role"] in MODEL_ROLES:
-                has_model = True
-                break
-        msgs = msg_digests(raw_msgs)
-    except (TypeError, KeyError):
-        hashes, msgs = _slow_hashes(raw_msgs)
-        n_sys = 0
-        for mm in msgs:
-            if mm.role not in SYSTEM_ROLES:
-                break
-            n_sys += 1
-        has_model = any(mm.role in MODEL_ROLES for mm in msgs)
-    ex.msgs = msgs
-    ex.hashes = hashes
-    ex.n_sys = n_sys
-    ex.has_model_msgs = has_model
-
-    tokens = rec.get("tokens")
-    tokmap = tools_tok = None
-    if isinstance(tokens, dict):
-        tm = tokens.get("messages")
-        tokmap = tm if isinstance(tm, dict) else None
-        tt = tokens.get("tools")
-        tools_tok = tt if isinstance(tt, dict) else None
-    ex.tokmap = tokmap
-    raw_tools = digest.get("tools")
-    tools = ex.tool_digests = tool_defs(raw_tools) if isinstance(raw_tools, list) else []
-    th = digest.get("tools_hash")
-    ex.tools = _tools_of(tools, th, tools_tok, tools_cache)
-
-    params = digest.get("params")
-    params = params if isinstance(params, dict) else {}
-    ex.structured = params.get("response_format") is True or params.get("grammar") is True
-    ex.stored_prompt = params.get("previous_response") is True
-    mt = params.get("max_tokens")
-    ex.max_tokens = mt if type(mt) is int else None
-    ex.num_ctx = api.context_limit(req.get("body"))  # full mode only: digests drop options
-
-    names: list[str] = []
-    if type(out) is dict:
-        oc = out.get("content_chars")
-        ex.out_chars = oc if type(oc) is int else 0
-        calls = out.get("tool_calls")
-        if type(calls) is list:
-            for call in calls:
-                if type(call) is dict and type(name := call.get("name")) is str:
-                    names.append(name)
-    else:
-        ex.out_chars = 0
-    ex.out_tool_names = names
-    return ex
-
-
 # -- the fast path: digest records decoded into typed structs (format.fastread) ------
 
 
 class Digested:
-    """A digest record the fast path read (`read_record`), with what `prepare_digested`
-    needs besides it: its chat API (None: not chat), its parsed `usage` and its
-    decoded messages."""
+    """A record as `prepare` reads it: typed as the fast path decodes a digest record
+    (`read_record`), or as the plain path makes a parsed one so (`digested`), with its
+    chat API (None: not chat), its parsed `usage`, its messages and tools, and a full
+    record's message texts and request body."""
 
-    __slots__ = ("api", "hashes", "msgs", "rec", "tools", "top")
+    __slots__ = ("api", "body", "hashes", "msgs", "rec", "texts", "tools", "top")
 
     def __init__(
         self,
@@ -587,6 +419,8 @@ class Digested:
         msgs: list[Msg],
         hashes: tuple[str, ...],
         tools: list[ToolDef | None],
+        texts: tuple[str, ...] | None = None,
+        body: Any = None,
     ) -> None:
         self.rec = rec
         self.api = api
@@ -594,10 +428,12 @@ class Digested:
         self.msgs = msgs
         self.hashes = hashes
         self.tools = tools
+        self.texts = texts
+        self.body = body
 
 
 _OPENAI_COUNTS = OpenAIChat.counts
-"""The counters `counters.llama_counts` reads the same from a `LlamaTop`."""
+"""The counters that read a `LlamaTop` as they read its dict (`openai_chat.openai_counts`)."""
 
 HISTORIES = Histories()
 """The fast path's message lists, shared by every record it reads."""
@@ -670,10 +506,10 @@ def read_record(line: bytes | memoryview) -> dict[str, Any] | Digested | None:
     top: Any = None
     rd = resp.digest if resp is not None else None
     if type(rd) is LlamaResponseDigest:
-        top = rd.usage  # read by `counters.llama_counts` (None: null, as orjson reads it)
+        top = rd.usage  # read by `openai_counts` (None: null, as orjson reads it)
     elif rd is not None:
         if api is not None and type(api).counts is _OPENAI_COUNTS:
-            top = llama_usage(rd)  # read by `counters.llama_counts`
+            top = llama_usage(rd)  # read by `openai_counts`
             # Usage of this shape again: the next line is tried typed in one pass.
             _USAGE.typed = top is not None
         if top is None:
@@ -697,55 +533,45 @@ class _Usage:
 _USAGE = _Usage()
 
 
-def prepare_digested(d: Digested, tools_cache: dict[str, Tools] | None = None) -> Exchange | Skip:
-    """`prepare` for a record the fast path read: the same Exchange from the same values.
+_NO_PARAMS = FastParams()
 
-    Each step mirrors `prepare`'s, without the checks the typed decode already made
-    (`read_record` sends everything else the plain way).
+
+def prepare(
+    rec: dict[str, Any] | Digested, tools_cache: dict[str, Tools] | None = None
+) -> Exchange | Skip:
+    """The Exchange of a record, or why it is skipped.
+
+    `rec` is a parsed record (`format.lines.parse_line`), made typed here by
+    `digested`, or one the fast path read (`read_record`): one reading of both.
+    `tools_cache` maps a tools_hash to its Tools for records without tokenizer
+    counts, so a tools array resent on every turn is sized once.
     """
-    rec = d.rec
-    req = rec.request
-    api = d.api
+    if type(rec) is not Digested:
+        assert isinstance(rec, dict)
+        got = digested(rec)
+        if type(got) is Skip:
+            return got
+        assert type(got) is Digested
+        rec = got
+    d = rec.rec
+    req = d.request
+    api = rec.api
     if api is None:
         return Skip(NOT_CHAT, strip_query(req.path))
-    resp = rec.response
+    resp = d.response
     digest = req.digest
-    assert resp is not None and digest is not None  # read_record's conditions
-    rd = resp.digest
-    top = d.top
-    typed = type(top) is LlamaTop
-    if not typed and type(top) is not dict:
+    assert resp is not None and digest is not None  # read_record's and digested's conditions
+    top = rec.top
+    if type(top) is not LlamaTop and type(top) is not dict:
         top = None
+    rd = resp.digest
     out = rd.output if rd is not None else None
-
-    ex = Exchange()
-    ex._cum = None
-    ex.texts = None
-    ex.id = rec.id
-    ex.api = api
-    t_start = ex.t_start = rec.t_start_ms
-    ex.t_first_byte = rec.t_first_byte_ms
-    ex.t_first_event = rec.t_first_event_ms
-    te = rec.t_end_ms
-    ex.t_end = te if te is not None else t_start
     headers = req.headers
-    ex.user_agent = (headers.user_agent or None) if headers is not None else None
-    ex.ua, ex.sessions, ex.retry = _identity_typed(headers)
-    requested = ex.requested_model = digest.model or None
-    ex.top = top
-    if typed:
-        ex.draft_n, ex.draft_n_accepted = _typed_draft_counts(top)
-        served = top.model
-    else:
-        ex.draft_n, ex.draft_n_accepted = draft_counts(top)
-        served = top.get("model") if top is not None else None
-    ex.served_model = served if type(served) is str and served else requested or "unknown"
-    ex.streamed = resp.stream is not None
-    rh = resp.headers
-    ex.server = (rh.server or None) if rh is not None else None
-
-    msgs = d.msgs
-    hashes = d.hashes
+    ua, sessions, retry = identity(headers)
+    requested = digest.model or None
+    served = (top.model if type(top) is LlamaTop else top.get("model")) if top is not None else None
+    draft_n, draft_n_accepted = draft_counts(top)
+    msgs = rec.msgs
     n_sys = 0
     for m in msgs:
         if m.role not in SYSTEM_ROLES:
@@ -756,41 +582,175 @@ def prepare_digested(d: Digested, tools_cache: dict[str, Tools] | None = None) -
         if m.role in MODEL_ROLES:
             has_model = True
             break
-    ex.msgs = msgs
-    ex.hashes = hashes
-    ex.n_sys = n_sys
-    ex.has_model_msgs = has_model
-
-    tokens = rec.tokens
+    tokens = d.tokens
     tokmap = tools_tok = None
     if tokens is not None:
         tokmap = tokens.messages
         tools_tok = tokens.tools
-    ex.tokmap = tokmap
-    tools = d.tools
-    ex.tool_digests = tools
-    ex.tools = _tools_of(tools, digest.tools_hash, tools_tok, tools_cache)
-
+    tools = rec.tools
     params = digest.params
-    if params is not None:
-        ex.structured = params.response_format is True or params.grammar is True
-        ex.stored_prompt = params.previous_response is True
-        ex.max_tokens = params.max_tokens
-    else:
-        ex.structured = ex.stored_prompt = False
-        ex.max_tokens = None
-    ex.num_ctx = api.context_limit(None)  # a digest keeps no body
-
+    if params is None:
+        params = _NO_PARAMS
     names: list[str] = []
+    out_chars = 0
     if out is not None:
         oc = out.content_chars
-        ex.out_chars = oc if oc is not None else 0
+        out_chars = oc if oc is not None else 0
         calls = out.tool_calls
         if calls:
             for call in calls:
                 if call.name is not None:
                     names.append(call.name)
-    else:
-        ex.out_chars = 0
-    ex.out_tool_names = names
-    return ex
+    t_start = d.t_start_ms
+    te = d.t_end_ms
+    return Exchange(
+        id=d.id,
+        api=api,
+        t_start=t_start,
+        t_first_byte=d.t_first_byte_ms,
+        t_first_event=d.t_first_event_ms,
+        t_end=te if te is not None else t_start,
+        ua=ua,
+        user_agent=(headers.user_agent or None) if headers is not None else None,
+        sessions=sessions,
+        retry=retry,
+        requested_model=requested,
+        served_model=served if type(served) is str and served else requested or "unknown",
+        server=(rh.server or None) if (rh := resp.headers) is not None else None,
+        msgs=msgs,
+        hashes=rec.hashes,
+        n_sys=n_sys,
+        has_model_msgs=has_model,
+        tools=_tools_of(tools, digest.tools_hash, tools_tok, tools_cache),
+        tool_digests=tools,
+        structured=params.response_format is True or params.grammar is True,
+        stored_prompt=params.previous_response is True,
+        max_tokens=params.max_tokens,
+        num_ctx=api.context_limit(rec.body),  # full mode only: digests drop options
+        tokmap=tokmap,
+        top=top,
+        streamed=resp.stream is not None,
+        out_chars=out_chars,
+        out_tool_names=names,
+        texts=rec.texts,
+        draft_n=draft_n,
+        draft_n_accepted=draft_n_accepted,
+    )
+
+
+def digested(rec: dict[str, Any]) -> Digested | Skip:
+    """A parsed record as `prepare` reads it: checked, its values typed as the fast path
+    decodes them (a value of another type is as absent), or why it is skipped."""
+    req = rec.get("request")
+    if type(req) is not dict:
+        return Skip(UNPARSED)
+    method = req.get("method")
+    path = req.get("path")
+    if type(method) is not str or type(path) is not str:
+        return Skip(NOT_CHAT, strip_query(path) if isinstance(path, str) else "?")
+    api = chat_api(method, path)
+    if api is None:
+        return Skip(NOT_CHAT, strip_query(path))
+    resp = rec.get("response")
+    if rec.get("error") is not None or type(resp) is not dict:
+        return Skip(ERROR, chat=True, probe=_probe(req, api))
+    status = resp.get("status")
+    if type(status) is not int or not 200 <= status < 300:
+        refusal = refusal_of(rec, req, resp, api, status)
+        return Skip(NON_2XX, chat=True, refusal=refusal, probe=_probe(req, api))
+    texts: tuple[str, ...] | None = None
+    body = req.get("body")
+    try:
+        digest: Any = request_digest_of(req, api)
+        rd: Any = response_digest_of(resp, api)
+        if req.get("digest") is None and isinstance(body, dict):
+            texts = _texts(api, body)
+    except (ValueError, TypeError, RecursionError):
+        return Skip(UNPARSED, chat=True)  # a body the digest cannot be taken of
+    if type(digest) is not dict:
+        return Skip(UNPARSED, chat=True)
+    top = out = None
+    if type(rd) is dict:
+        top = rd.get("usage")
+        out = rd.get("output")
+
+    raw_msgs = digest.get("messages")
+    if type(raw_msgs) is not list:
+        raw_msgs = []
+    msgs: list[Msg]
+    try:
+        hashes = tuple(map(_HASH, raw_msgs))
+        hash(hashes)  # every element hashable: sets and lookups will work
+        for m in raw_msgs:  # the roles `prepare` reads are there and hashable
+            if m["role"] not in SYSTEM_ROLES:
+                break
+        for m in raw_msgs:
+            if m["role"] in MODEL_ROLES:
+                break
+        msgs = msg_digests(raw_msgs)
+    except (TypeError, KeyError):
+        hashes, msgs = _slow_hashes(raw_msgs)
+    raw_tools = digest.get("tools")
+    th = digest.get("tools_hash")
+    params = digest.get("params")
+    params = params if isinstance(params, dict) else {}
+    model = digest.get("model")
+    mt = params.get("max_tokens")
+    tokens = rec.get("tokens")
+    fast_tokens = None
+    if isinstance(tokens, dict):
+        tm, tt = tokens.get("messages"), tokens.get("tools")
+        fast_tokens = FastTokens(
+            messages=tm if isinstance(tm, dict) else None,
+            tools=tt if isinstance(tt, dict) else None,
+        )
+    output = None
+    if type(out) is dict:
+        oc = out.get("content_chars")
+        calls = out.get("tool_calls")
+        output = FastOutput(
+            content_chars=oc if type(oc) is int else None,
+            tool_calls=[
+                CallRef(name=name)
+                for call in calls
+                if type(call) is dict and type(name := call.get("name")) is str
+            ]
+            if type(calls) is list
+            else None,
+        )
+    stream = resp.get("stream")
+    tfb = rec.get("t_first_byte_ms")
+    tfe = rec.get("t_first_event_ms")  # R28; absent in recordings made before it
+    te = rec.get("t_end_ms")
+    typed = DigestRecord(
+        v=1,
+        id=rec["id"],
+        t_start_ms=rec["t_start_ms"],
+        request=Request(
+            method=method,
+            path=path,
+            headers=headers_of(req.get("headers")),
+            digest=FastRequestDigest(
+                model=model if type(model) is str else None,
+                params=FastParams(
+                    max_tokens=mt if type(mt) is int else None,
+                    response_format=params.get("response_format") is True,
+                    grammar=params.get("grammar") is True,
+                    previous_response=params.get("previous_response") is True,
+                ),
+                tools_hash=th if isinstance(th, str) else None,
+            ),
+        ),
+        t_first_byte_ms=tfb if type(tfb) is int else None,
+        t_first_event_ms=tfe if type(tfe) is int else None,
+        t_end_ms=te if type(te) is int else None,
+        response=Response(
+            status=status,
+            headers=headers_of(resp.get("headers")),
+            stream=None if stream is None else stream if type(stream) is str else "",
+            digest=FastResponseDigest(output=output),
+        ),
+        tokens=fast_tokens,
+    )
+    tools = tool_defs(raw_tools) if isinstance(raw_tools, list) else []
+    return Digested(typed, api, top, msgs, hashes, tools, texts, body)

@@ -27,34 +27,8 @@ COMPOSITION = ("system", "tools", "history", "new_content")
 _HEADS: dict[tuple[str, str], bytes] = {}
 
 
-_TAIL: dict[str, Any] = dict.fromkeys(
-    (
-        "t_start_ms",
-        "kind",
-        "side_call_shape",
-        "session",
-        "conversation",
-        "turn",
-        "counts",
-        "composition",
-        "linked_to",
-        "new_conversation",
-        "prefix_tokens",
-        "break_cause",
-        "compaction",
-        "predicted_reuse",
-        "observed_reuse",
-        "cause",
-        "lost_client",
-        "lost_external",
-        "side_calls_between",
-        "other_conversations_between",
-        "other_domains_between",
-        "loss_measured",
-        "changed",
-    )
-)
-"""A row's fields after `client`, in the report's order, each null (`Row.tail`)."""
+_AGGREGATE = {"report": False}
+"""`Row` fields' metadata: not in the report, what the aggregates need besides it."""
 
 
 @dataclass(slots=True)
@@ -71,7 +45,10 @@ class Loss:
 
 @dataclass(slots=True)
 class Row:
-    """One analysed request; every number outside `rows` is summed from these."""
+    """One analysed request; every number outside `rows` is summed from these.
+
+    Built by keywords, so a field added or moved costs no caller a recount; only
+    `parallel`'s pickling passes them all in order, taken from `fields(Row)`."""
 
     id: int
     api: str
@@ -101,15 +78,16 @@ class Row:
     loss_measured: bool = False
     changed: list[dict[str, Any]] | None = None
     """Additive: where each changed message changed (docs/analysis.md §7)."""
-    # Not in the report: what the aggregates need besides the row fields.
-    served: str = ""
-    volatile: Loss | None = None  # a volatile head's cost (the `volatile_head` finding)
-    volatile_where: dict[str, Any] | None = None
-    recording: int = 0
+    # Not in the report (`_AGGREGATE`): what the aggregates need besides the row fields.
+    served: str = field(default="", metadata=_AGGREGATE)
+    volatile: Loss | None = field(default=None, metadata=_AGGREGATE)
+    """A volatile head's cost (the `volatile_head` finding)."""
+    volatile_where: dict[str, Any] | None = field(default=None, metadata=_AGGREGATE)
+    recording: int = field(default=0, metadata=_AGGREGATE)
     """The file the record came from: its index in the paths read (R17)."""
-    draft_n: int | None = None
+    draft_n: int | None = field(default=None, metadata=_AGGREGATE)
     """llama-server's `timings.draft_n`: tokens a draft model proposed (speculative decoding)."""
-    draft_n_accepted: int | None = None
+    draft_n_accepted: int | None = field(default=None, metadata=_AGGREGATE)
     """`timings.draft_n_accepted`: the proposed tokens the served model kept."""
 
     def head(self) -> dict[str, Any]:
@@ -216,6 +194,13 @@ class Row:
         return out
 
 
+REPORT_FIELDS = tuple(f.name for f in fields(Row) if f.metadata.get("report", True))
+"""A row's fields in the report, in its order: `Row`'s, the one place it is written."""
+
+_TAIL: dict[str, Any] = dict.fromkeys(REPORT_FIELDS[REPORT_FIELDS.index("client") + 1 :])
+"""A row's fields after `client`, each null: `Row.tail` copies it and sets the values."""
+
+
 @dataclass(slots=True)
 class CauseTotal:
     """What one cause cost, summed over rows."""
@@ -263,13 +248,12 @@ def c_writer_fits(mod: Any) -> bool:
 
     The C writer names its fields itself, so a build older than this file would
     write the old schema without an error; it is used only when the names it says
-    it writes are this file's (the keys of `Row.tail`, `Counts`' and `Loss`'s)."""
+    it writes are this file's (`REPORT_FIELDS`, `Counts`' and `Loss`'s fields)."""
     row = {f.name for f in fields(Row)}
     return (
-        tuple(getattr(mod, "WRITES", ())) == ("id", "api", "model", "client", *_TAIL)
+        tuple(getattr(mod, "WRITES", ())) == REPORT_FIELDS
         and tuple(getattr(mod, "MARKER", ())) == _MARKER
         and set(_MARKER) <= row
-        and set(_TAIL) <= row
         and tuple(getattr(mod, "COUNTS", ())) == COUNT_FIELDS
         and tuple(getattr(mod, "LOSS", ())) == tuple(f.name for f in fields(Loss))
     )
@@ -340,6 +324,7 @@ def spill_extra(line: bytes) -> tuple[int, int | None, int | None]:
 
 __all__ = [
     "COMPOSITION",
+    "REPORT_FIELDS",
     "CauseTotal",
     "Labels",
     "Loss",

@@ -23,12 +23,12 @@ from llmp.apis.base import (
     is_set,
     last_non_null,
     make_tool_digest,
-    nonneg,
     nonneg_number,
     string_end,
 )
 from llmp.format import canonical
 from llmp.format.canonical import dumps
+from llmp.format.fastread import LlamaTop
 from llmp.format.measure import SERVER
 from llmp.format.schema import (
     MessageDigest,
@@ -218,29 +218,60 @@ class OpenAIChat(ChatApi):
 # -- the counters -----------------------------------------------------------------
 
 
-def openai_counts(top: dict[str, Any]) -> Counts:
-    """llama-server, vLLM, SGLang, OpenRouter, DeepSeek, Ollama's /v1 (docs/analysis.md §4)."""
-    usage = top.get("usage")
-    if type(usage) is not dict:
-        usage = {}
-    timings = top.get("timings")
-    if type(timings) is not dict:
-        timings = {}
+def _int(d: dict[str, Any], key: str) -> int | None:
+    v = d.get(key)
+    return v if type(v) is int else None
 
-    prompt = nonneg(usage, "prompt_tokens")
-    cache_n = nonneg(timings, "cache_n")
-    prompt_n = nonneg(timings, "prompt_n")
+
+def _nat(v: int | None) -> int | None:
+    return v if v is not None and v >= 0 else None
+
+
+def openai_counts(top: dict[str, Any] | LlamaTop) -> Counts:
+    """llama-server, vLLM, SGLang, OpenRouter, DeepSeek, Ollama's /v1 (docs/analysis.md §4).
+
+    `top` is the reply's top level as the plain reader parses it, or llama-server's
+    as the fast path decodes it (`fastread.LlamaTop`): only the reading differs, and
+    gives the same values (an integer, a time any number, else None)."""
+    prompt = completion = cache_n = prompt_n = predicted = None
+    details = flat = hit_n = miss_n = None
+    pm = dm = None
+    if isinstance(top, LlamaTop):
+        u, t = top.usage, top.timings
+        if u is not None:
+            prompt, completion = u.prompt_tokens, u.completion_tokens
+            if u.prompt_tokens_details is not None:
+                details = u.prompt_tokens_details.cached_tokens
+        if t is not None:
+            cache_n, prompt_n, predicted = t.cache_n, t.prompt_n, t.predicted_n
+            pm, dm = t.prompt_ms, t.predicted_ms
+    else:
+        usage = top.get("usage")
+        if type(usage) is dict:
+            prompt, completion = _int(usage, "prompt_tokens"), _int(usage, "completion_tokens")
+            d = usage.get("prompt_tokens_details")
+            details = _int(d, "cached_tokens") if type(d) is dict else None
+            flat = _int(usage, "cached_tokens")
+            hit_n = _int(usage, "prompt_cache_hit_tokens")
+            miss_n = _int(usage, "prompt_cache_miss_tokens")
+        timings = top.get("timings")
+        if type(timings) is dict:
+            cache_n, prompt_n = _int(timings, "cache_n"), _int(timings, "prompt_n")
+            predicted = _int(timings, "predicted_n")
+            pm = nonneg_number(timings.get("prompt_ms"))
+            dm = nonneg_number(timings.get("predicted_ms"))
+
+    # The values read, one rule: a negative count is not said; the first cache counter
+    # said is the one used (cache_n, then cached_tokens, then DeepSeek's hit and miss).
+    prompt, completion = _nat(prompt), _nat(completion)
+    cache_n, prompt_n = _nat(cache_n), _nat(prompt_n)
     cached = hit = miss = None
     if cache_n is None:
-        details = usage.get("prompt_tokens_details")
-        if type(details) is dict:
-            cached = nonneg(details, "cached_tokens")
+        cached = _nat(details)
         if cached is None:
-            cached = nonneg(usage, "cached_tokens")
+            cached = _nat(flat)
         if cached is None:
-            hit = nonneg(usage, "prompt_cache_hit_tokens")
-            miss = nonneg(usage, "prompt_cache_miss_tokens")
-
+            hit, miss = _nat(hit_n), _nat(miss_n)
     if prompt is None:
         if cache_n is not None and prompt_n is not None:
             prompt = cache_n + prompt_n
@@ -250,11 +281,13 @@ def openai_counts(top: dict[str, Any]) -> Counts:
     evaluated = prompt_n if prompt_n is not None else miss
     if evaluated is None and prompt is not None and reused is not None:
         evaluated = max(0, prompt - reused)
-    completion = nonneg(usage, "completion_tokens")
     if completion is None:
-        completion = nonneg(timings, "predicted_n")
+        completion = _nat(predicted)
     c = Counts.server(prompt, completion, reused, evaluated)
-    timings_into(c, timings)
+    if pm is not None and pm >= 0:
+        c.prefill_ms = (pm, SERVER)
+    if dm is not None and dm >= 0:
+        c.decode_ms = (dm, SERVER)
     return c
 
 
