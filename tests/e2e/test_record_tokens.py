@@ -9,6 +9,7 @@ without the endpoint gives records without counts and no error.
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +115,32 @@ def test_the_analyzer_reads_the_counts_as_the_tokenizers(tmp_path: Path) -> None
     finally:
         result.close()
     assert rows[1]["composition"]["system"]["source"] == "tokenizer"
+
+
+def test_a_stalled_tokenizer_holds_no_client_and_no_record_for_long(tmp_path: Path) -> None:
+    """`/tokenize` that hangs: the client's answers never wait for it (the recorder asks
+    off the client's path), the first record waits at most the tokenizer's time-out, and
+    the rest, with the upstream paused, none; the records are whole, without counts."""
+    from llmp.demo.fakes.llama import Llama
+    from llmp.recorder.tokens import TIMEOUT
+
+    rec = tmp_path / "stalled.jsonl"
+    with Upstream("llama") as up, Mitmdump(up.url, rec, ON) as proxy:
+        assert isinstance(up.app, Llama)
+        up.app.tokenize_stall = 30.0
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+        answered: list[float] = []
+        for i in range(3):
+            started = time.monotonic()
+            client.chat.completions.create(
+                model="smol", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=4
+            )
+            answered.append(time.monotonic())
+            assert answered[-1] - started < 1.5, "the client waited for the tokenizer"
+        client.close()
+        records = wait_for_records(rec, 3, timeout=TIMEOUT + 8)
+        written = time.monotonic()
+    assert written - answered[0] < TIMEOUT + 8
+    assert [r["tokens"] for r in records] == [None, None, None]
+    assert [r["error"] for r in records] == [None, None, None]
+    assert _tokenize_requests(up) == 1  # timed out once, then the upstream was paused

@@ -9,6 +9,7 @@ this app with ``add_routes``: one model, one slot, whichever API asks.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -75,6 +76,9 @@ class Llama(App):
     def __init__(self, model: FakeModel) -> None:
         super().__init__()
         self.model = model
+        self.tokenize_stall = 0.0
+        """Seconds `/tokenize` waits before it answers: a tokenizer that hangs (a test
+        sets it; a recorder asking it must not hold a record up for long)."""
         self.add_routes(
             {
                 ("POST", "/v1/chat/completions"): self._chat,
@@ -286,6 +290,8 @@ class Llama(App):
         await self.json(resp, 200, [slot])
 
     async def _tokenize(self, resp: Responder) -> None:
+        if self.tokenize_stall:
+            await asyncio.sleep(self.tokenize_stall)
         body = self.parse_json_body(resp.ex) or {}
         content = body.get("content")
         text = content if isinstance(content, str) else ""
