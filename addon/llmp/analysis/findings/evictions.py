@@ -98,7 +98,7 @@ def confidence(g: LossGroup) -> str:
 
 
 def evicted(f: dict[str, Any]) -> str:
-    """"evicted", or "likely evicted" where the same server kept other turns' caches
+    """The verb: "likely evicted" where the same server kept other turns' caches
     across such requests (several slots, or llama-server's host-memory cache)."""
     return "likely evicted" if f.get("evidence", {}).get("kept_across") else "evicted"
 
