@@ -24,6 +24,13 @@ def test_identify(header: str | None, api: str | None, expected: servers.Server)
     assert servers.identify(header, api) is expected
 
 
+def test_counters_win_over_the_header() -> None:
+    """llama-server's `timings` behind a uvicorn proxy (LiteLLM) are llama-server's slots."""
+    assert servers.identify("uvicorn", "openai_chat", timings=True) is servers.LLAMA_SERVER
+    assert servers.identify(None, "anthropic_messages", timings=True) is servers.LLAMA_SERVER
+    assert servers.identify(None, "ollama_chat", timings=True) is servers.OLLAMA
+
+
 def test_cache_models() -> None:
     assert servers.LLAMA_SERVER.cache == servers.OLLAMA.cache == servers.SLOTS
     assert servers.VLLM_OR_SGLANG.cache == servers.SHARED

@@ -534,7 +534,8 @@ class Engine:
             linked_to = link.conv.last.row_id
             btw = between(s, linked_to, served, conv.number)
         down = linked_to is not None and s.down_since(linked_to)
-        server = s.server_of(served, ex.server, api_name)
+        pm = counts.prefill_ms
+        server = s.server_of(served, ex.server, api_name, pm is not None and pm[1] == SERVER)
         verdict = losses(st, counts, btw, cfg, served in s.rolls_back, down, server)
         if verdict.rolled_back:
             s.rolls_back.add(served)

@@ -182,10 +182,10 @@ class Session:
         elif was_down(rec):
             self.down.append(rec["id"])
 
-    def server_of(self, served: str, header: str | None, api_name: str) -> Server:
+    def server_of(self, served: str, header: str | None, api_name: str, timings: bool) -> Server:
         """The server behind `served`: what this response says, else what an earlier one
         said (a proxy in between may drop the header now and then)."""
-        server = identify(header, api_name)
+        server = identify(header, api_name, timings)
         if server is not UNKNOWN:
             self.servers[served] = server
             return server

@@ -17,10 +17,11 @@ cache behind them, which is this module's.  The facts and their sources are in
   by itself; a loss there is the cache's capacity.  vLLM counts reuse in whole
   blocks (16 tokens by default), so up to a block short of the prefix is no loss.
 
-A server is told by its response's `server` header (kept since issue 29):
-`llama.cpp` for llama-server, `uvicorn` for vLLM's and SGLang's OpenAI servers.
-Without one (older recordings, Ollama), the API says what it can, and the rest is
-llmp's model of a single llama-server slot, as before.
+A server is told by its counters (llama-server's `timings`), its response's `server`
+header (kept since issue 29: `llama.cpp` for llama-server, `uvicorn` for vLLM's and
+SGLang's OpenAI servers) and the API it speaks (Ollama's `/api/chat`).  Without any
+of them (older recordings), it is llmp's model of a single llama-server slot, as
+before.
 """
 
 from __future__ import annotations
@@ -64,14 +65,23 @@ _BY_API = {"ollama_chat": OLLAMA}
 """APIs only one server speaks."""
 
 
-def identify(header: str | None, api_name: str | None = None) -> Server:
-    """The server that answered, from its `server` header, else from the API spoken."""
+def identify(header: str | None, api_name: str | None = None, timings: bool = False) -> Server:
+    """The server that answered: from its counters, its `server` header, the API spoken.
+
+    `timings`: the response carried llama-server's `timings` (its prompt time, which
+    neither vLLM nor SGLang sends).  They win over the header: a proxy in front (a
+    LiteLLM on uvicorn) answers with its own header but passes llama-server's counters.
+    """
+    if api_name in _BY_API:
+        return _BY_API[api_name]
+    if timings:
+        return LLAMA_SERVER
     if header:
         low = header.strip().lower()
         for server in SERVERS:
             if any(low.startswith(h) for h in server.headers):
                 return server
-    return _BY_API.get(api_name or "", UNKNOWN)
+    return UNKNOWN
 
 
 # -- how each server says a prompt did not fit -----------------------------------------
