@@ -171,24 +171,7 @@ def compare(ex: Exchange, link: Link | None, cfg: Config) -> Structure:
     last = link.conv.last
     mode = link.mode
     k = link.k
-    if mode == CONTINUATION:
-        if ex.tokmap is None and last.rest_source == ESTIMATE:
-            history: MV = (last.rest_tokens, ESTIMATE)  # same hashes, same sizes
-        else:
-            history = ex.range_tokens(nsys, nsys + k)
-        new = ex.range_tokens(nsys + k, n)
-    elif mode == PREFIX:
-        history = ex.range_tokens(nsys, nsys + k)
-        new = ex.range_tokens(nsys + k, n)
-    elif mode == OVERLAP:
-        seen = last.rest_set
-        found = [i for i in range(nsys, n) if ex.hashes[i] in seen]
-        history = ex.tokens_of(found)
-        total = ex.range_tokens(nsys, n)
-        new = (total[0] - history[0], total[1])
-    else:
-        history = (0, system[1])
-        new = ex.range_tokens(nsys, n)
+    history, new = _history_and_new(ex, link, system)
     st = Structure(system, tools, history, new, linked=True)
     st.messages = n
 
@@ -222,35 +205,65 @@ def compare(ex: Exchange, link: Link | None, cfg: Config) -> Structure:
                 st.rerender = int(system[0] + tools[0] + ex.range_tokens(nsys, a)[0])
                 st.rerender_msgs = a
         return st
-    if st.break_cause == SYSTEM_CHANGED:
-        st.before = ps
-        if ps < nsys and ps < len(last.sys):
-            st.within = _kept_within(ex, ps, last, ps)
-    elif st.break_cause == HISTORY_REWRITTEN and mode in (CONTINUATION, PREFIX):
-        st.before = nsys + k
-        j = _old_counterpart(ex, nsys + k, last, ps, nsys, k)
-        if j is not None:
-            st.within = _kept_within(ex, nsys + k, last, j)
-
-    rest_total = history[0] + new[0]
-    if mode == SUMMARY:
+    _where_it_broke(ex, st, link, ps)
+    if _is_compaction(ex, st, link, cfg):
         st.compaction = True
-    elif (
-        st.break_cause == HISTORY_REWRITTEN
-        and rest_total <= cfg.compaction_ratio * last.rest_tokens
-    ):
-        st.compaction = True
-    elif _carries_summary(ex, nsys + (k if mode in (CONTINUATION, PREFIX) else 0), link.conv, cfg):
-        st.compaction = True
-    elif _resends_a_side_reply(ex, nsys + (k if mode in (CONTINUATION, PREFIX) else 0), link.conv):
-        st.compaction = True
-    if st.compaction:
         st.within = 0
         _volatile_head(ex, st, last, ps, sys_eq, tools_eq, cfg)
         return st
     st.prefix += st.within
     _charge(ex, st, last, ps, sys_eq, tools_eq, k if st.break_cause == HISTORY_REWRITTEN else 0)
     return st
+
+
+def _history_and_new(ex: Exchange, link: Link, system: MV) -> tuple[MV, MV]:
+    """The tokens of the conversation's history this request carries, and of the rest."""
+    nsys, n, k, last = ex.n_sys, len(ex.hashes), link.k, link.conv.last
+    mode = link.mode
+    if mode == CONTINUATION:
+        if ex.tokmap is None and last.rest_source == ESTIMATE:
+            history: MV = (last.rest_tokens, ESTIMATE)  # same hashes, same sizes
+        else:
+            history = ex.range_tokens(nsys, nsys + k)
+        return history, ex.range_tokens(nsys + k, n)
+    if mode == PREFIX:
+        return ex.range_tokens(nsys, nsys + k), ex.range_tokens(nsys + k, n)
+    if mode == OVERLAP:
+        seen = last.rest_set
+        history = ex.tokens_of([i for i in range(nsys, n) if ex.hashes[i] in seen])
+        total = ex.range_tokens(nsys, n)
+        return history, (total[0] - history[0], total[1])
+    return (0, system[1]), ex.range_tokens(nsys, n)
+
+
+def _where_it_broke(ex: Exchange, st: Structure, link: Link, ps: int) -> None:
+    """R31's P for a break: the whole messages before it (`before`), and the kept part of
+    the first changed one (`within`)."""
+    nsys, k, last = ex.n_sys, link.k, link.conv.last
+    if st.break_cause == SYSTEM_CHANGED:
+        st.before = ps
+        if ps < nsys and ps < len(last.sys):
+            st.within = _kept_within(ex, ps, last, ps)
+    elif st.break_cause == HISTORY_REWRITTEN and link.mode in (CONTINUATION, PREFIX):
+        st.before = nsys + k
+        j = _old_counterpart(ex, nsys + k, last, ps, nsys, k)
+        if j is not None:
+            st.within = _kept_within(ex, nsys + k, last, j)
+
+
+def _is_compaction(ex: Exchange, st: Structure, link: Link, cfg: Config) -> bool:
+    """A break that shrank the history to a summary (or resent a side-call's reply as one):
+    a compaction, which is charged as a new start, not as a rewrite."""
+    mode = link.mode
+    if mode == SUMMARY:
+        return True
+    if (
+        st.break_cause == HISTORY_REWRITTEN
+        and st.history[0] + st.new[0] <= cfg.compaction_ratio * link.conv.last.rest_tokens
+    ):
+        return True
+    at = ex.n_sys + (link.k if mode in (CONTINUATION, PREFIX) else 0)
+    return _carries_summary(ex, at, link.conv, cfg) or _resends_a_side_reply(ex, at, link.conv)
 
 
 def _replies_since_the_last_user(ex: Exchange, lo: int, hi: int, n: int) -> int | None:
