@@ -5,7 +5,6 @@ fakes' shared prefix cache (one cache for all requests, LRU under memory pressur
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import openai
 import pytest
 
 from llmp.demo.fakes import SharedCacheServer
-from tests.support.live_checks import LLMP, analyze
+from tests.support.live_checks import analyze, analyze_text
 from tests.support.mitm import Mitmdump, wait_for_records
 from tests.support.upstreams import Upstream
 
@@ -105,14 +104,6 @@ def test_context_errors_have_each_servers_shape(tmp_path: Path) -> None:
                     model="qwen", messages=[{"role": "user", "content": SYSTEM}]
                 )
         assert needle in str(err.value)
-
-
-def analyze_text(path: Path) -> str:
-    """The readable report, as a user reads it."""
-    out = subprocess.run(
-        [str(LLMP), "analyze", str(path)], capture_output=True, check=True, timeout=60, text=True
-    )
-    return out.stdout
 
 
 def _without_server_header(src: Path, dst: Path) -> None:

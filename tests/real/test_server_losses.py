@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.live_checks import analyze_text
 from tests.support.real import LlamaServer, real_server_marks, swa_model
 from tests.support.real_cases import Case, log_lines, record, rules, tokens, turn
 
@@ -245,18 +246,6 @@ def test_the_finding_names_the_model_memory_and_swa_full(gemma: Case, tmp_path: 
     page = tmp_path / "gemma.html"
     html_page(rec, page)
     assert "--swa-full" in page.read_text()
-
-
-def analyze_text(path: Path) -> str:
-    import contextlib
-    import io
-
-    from llmp.cli import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["analyze", str(path)]) == 0
-    return out.getvalue()
 
 
 def html_page(path: Path, page: Path) -> None:

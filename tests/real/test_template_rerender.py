@@ -17,14 +17,13 @@ that calls a tool and the tool's result; then the user speaks again.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.live_checks import analyze_text
 from tests.support.real import LlamaServer, real_server_marks, supports
 from tests.support.real_cases import Case, log_lines, record, rules, turn
 
@@ -99,12 +98,5 @@ def test_the_template_is_named_where_the_server_re_read_the_replies(
 
 
 def test_the_readable_report_names_the_flag(drops: Case) -> None:
-    llmp = Path(sys.executable).parent / "llmp"
-    out = subprocess.run(
-        [str(llmp), "analyze", str(drops.notes["digest_path"])],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
+    out = analyze_text(drops.notes["digest_path"])
     assert "--reasoning-preserve" in out and "preserve_thinking" in out, out

@@ -24,6 +24,14 @@ def analyze(path: Path) -> dict[str, Any]:
     return report
 
 
+def analyze_text(path: Path) -> str:
+    """`llmp analyze` of a recording: the readable report, as a user reads it."""
+    out = subprocess.run(
+        [str(LLMP), "analyze", str(path)], capture_output=True, check=True, timeout=60, text=True
+    )
+    return out.stdout
+
+
 def value(mv: dict[str, Any] | None) -> Any:
     """The number of a measured value of the report, or None."""
     return None if mv is None else mv["value"]
