@@ -1,0 +1,194 @@
+"""The cloud providers' prompt caches (R34, R35): who they are and what their caches do.
+
+The facts are data (`provider_caches.toml`, dated), read once here; the fakes, the
+recorder and the analysis ask this module, so a changed minimum length or a new
+generation of OpenAI models is one edit of that file.
+
+A provider is told (R34, first match wins) by the host the request went to, a
+response header only it sends, or, for recordings without either, the shape of its
+usage.  `provider_of` does that; `ANTHROPIC`, `OPENAI` and `OPENROUTER` are the
+names the report uses.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+ANTHROPIC = "anthropic"
+OPENAI = "openai"
+OPENROUTER = "openrouter"
+PROVIDERS = (ANTHROPIC, OPENAI, OPENROUTER)
+
+
+@cache
+def facts() -> dict[str, Any]:
+    """`provider_caches.toml`, parsed (once)."""
+    text = resources.files("llmp.apis").joinpath("provider_caches.toml").read_text("utf-8")
+    return tomllib.loads(text)
+
+
+def provider_of_host(host: str | None) -> str | None:
+    """The provider a request to `host` went to (its name), or None."""
+    if not host:
+        return None
+    low = host.strip().lower().rstrip(".")
+    for name in PROVIDERS:
+        for h in facts()[name]["hosts"]:
+            if low == h or low.endswith("." + h):
+                return name
+    return None
+
+
+def provider_of_headers(headers: dict[str, Any] | None) -> str | None:
+    """The provider a response's headers name (a header only it sends), or None."""
+    if not headers:
+        return None
+    a = facts()[ANTHROPIC]
+    if any(h in headers for h in a["headers"]):
+        return ANTHROPIC
+    rid = headers.get("request-id")
+    if isinstance(rid, str) and rid.startswith(a["request_id_prefix"]):
+        return ANTHROPIC
+    if any(h in headers for h in facts()[OPENAI]["headers"]):
+        return OPENAI
+    return None
+
+
+def provider_of_usage(usage: Any, timings: bool = False) -> str | None:
+    """For recordings without host or headers: the provider a usage's shape names.
+
+    `usage` is the response's own `usage` object.  Anthropic's has
+    `cache_creation_input_tokens` together with a `cache_creation` object; OpenAI's
+    Responses usage has `input_tokens_details.cached_tokens` and no llama-server
+    `timings` beside it."""
+    if not isinstance(usage, dict):
+        return None
+    if "cache_creation_input_tokens" in usage and isinstance(usage.get("cache_creation"), dict):
+        return ANTHROPIC
+    details = usage.get("input_tokens_details")
+    if not timings and isinstance(details, dict) and "cached_tokens" in details:
+        return OPENAI
+    return None
+
+
+def provider_of(
+    host: str | None,
+    headers: dict[str, Any] | None = None,
+    usage: Any = None,
+    timings: bool = False,
+) -> str | None:
+    """R34's order: the upstream host, then a provider's own response header, then the
+    usage's shape."""
+    return (
+        provider_of_host(host) or provider_of_headers(headers) or provider_of_usage(usage, timings)
+    )
+
+
+# -- Anthropic --------------------------------------------------------------------
+
+
+def anthropic_minimum_tokens(model: str | None) -> int:
+    """The model's minimum cacheable length (tokens to the breakpoint), as documented."""
+    low = (model or "").lower()
+    for rule in facts()[ANTHROPIC]["minimum"]:
+        if re.search(rule["pattern"], low):
+            return int(rule["tokens"])
+    return 1024  # the table ends with a catch-all; this is only its figure again
+
+
+def anthropic_ttl_seconds(ttl: str | None) -> int:
+    """Seconds an entry written with `ttl` (None: the default, 5 minutes) lives unread."""
+    a = facts()[ANTHROPIC]
+    table: dict[str, int] = a["ttl_seconds"]
+    return int(table.get(ttl or a["default_ttl"], table[a["default_ttl"]]))
+
+
+# -- OpenAI -----------------------------------------------------------------------
+
+_VERSION = re.compile(r"(?:^|[/:])(?:gpt|o)-?(\d+)(?:\.(\d+))?")
+
+
+def openai_version(model: str | None) -> tuple[int, int] | None:
+    """`gpt-5.6-codex` -> (5, 6); `gpt-4o` -> (4, 0); None for a name with no version."""
+    m = _VERSION.search((model or "").lower())
+    if m is None:
+        return None
+    return int(m.group(1)), int(m.group(2) or 0)
+
+
+def openai_explicit(model: str | None) -> bool:
+    """Whether the model is of the explicit generation (breakpoints, write price, exact
+    counts, a time-to-live): GPT-5.6 and later."""
+    v = openai_version(model)
+    if v is None:
+        return False
+    major, minor = (int(x) for x in facts()[OPENAI]["explicit"]["from_version"].split("."))
+    return v >= (major, minor)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAICache:
+    """What OpenAI's cache does for one model."""
+
+    explicit: bool
+    minimum_tokens: int
+    granule_tokens: int
+    write_multiplier: float
+
+
+def openai_cache(model: str | None) -> OpenAICache:
+    """The cache rules that apply to `model` (its generation's)."""
+    o = facts()[OPENAI]
+    if openai_explicit(model):
+        e = o["explicit"]
+        return OpenAICache(True, e["minimum_tokens"], e["granule_tokens"], e["write_multiplier"])
+    return OpenAICache(False, o["minimum_tokens"], o["granule_tokens"], 0.0)
+
+
+def openai_retention_seconds(retention: str | None, options_ttl: str | None = None) -> int:
+    """Seconds an entry lives idle: `prompt_cache_options.ttl` as given (`30m`), else the
+    `prompt_cache_retention` (`in_memory` counts as 5 minutes, `24h` as a day)."""
+    if options_ttl:
+        seconds = parse_ttl(options_ttl)
+        if seconds is not None:
+            return seconds
+    o = facts()[OPENAI]
+    table: dict[str, int] = o["retention_seconds"]
+    return int(table.get(retention or o["default_retention"], table[o["default_retention"]]))
+
+
+_TTL = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
+
+
+def parse_ttl(text: str) -> int | None:
+    """`30m` -> 1800, `24h` -> 86400, `5m` -> 300; None when it is no such duration."""
+    m = _TTL.match(text.lower())
+    if m is None:
+        return None
+    return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+__all__ = [
+    "ANTHROPIC",
+    "OPENAI",
+    "OPENROUTER",
+    "PROVIDERS",
+    "OpenAICache",
+    "anthropic_minimum_tokens",
+    "anthropic_ttl_seconds",
+    "facts",
+    "openai_cache",
+    "openai_explicit",
+    "openai_retention_seconds",
+    "openai_version",
+    "parse_ttl",
+    "provider_of",
+    "provider_of_headers",
+    "provider_of_host",
+    "provider_of_usage",
+]
