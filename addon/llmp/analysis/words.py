@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from llmp.format.nouns import each_of, n_of, plural, times
+
 SHAPE_WORDS = {
     "oneshot": "one-off (title, commit message)",
     "summarise": "summary",
@@ -65,16 +67,6 @@ def join_names(items: Sequence[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def times(n: int) -> str:
-    """`once`, `3 times`."""
-    return "once" if n == 1 else f"{n:,} times"
-
-
-def n_of(count: int, noun: str) -> str:
-    """`1 turn`, `1,204 turns`."""
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
-
-
 def where_text(changed: Any) -> str:
     """` (system block 1, in its first 256 characters)`: where the change was, no text."""
     if not isinstance(changed, list) or not changed or not isinstance(changed[0], dict):
@@ -114,9 +106,11 @@ __all__ = [
     "WITHIN_WORDS",
     "advised",
     "duration",
+    "each_of",
     "join_names",
     "lost_text",
     "n_of",
+    "plural",
     "short_model",
     "times",
     "value_of",

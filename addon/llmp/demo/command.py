@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from llmp.analysis.command import print_readable
+from llmp.format.nouns import plural
 
 USER_AGENT = "llmp-demo-agent/1.0"
 TOOLS: list[dict[str, Any]] = [
@@ -410,7 +411,8 @@ def show_recording(path: Path) -> None:
 
 def _report_line(label: str, got: dict[str, Any]) -> None:
     reused, processed = got.get("reused", "?"), got.get("processed", "?")
-    print(f"  {label:<58} reused {reused:>5}, processed {processed:>5} prompt tokens")
+    tokens = plural("prompt token", processed) if isinstance(processed, int) else "prompt tokens"
+    print(f"  {label:<58} reused {reused:>5}, processed {processed:>5} {tokens}")
 
 
 def run(args: argparse.Namespace) -> int:

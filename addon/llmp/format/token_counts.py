@@ -67,6 +67,7 @@ import httpx
 import orjson
 
 from llmp.format import canonical
+from llmp.format.nouns import n_of
 
 __all__ = [
     "EnrichResult",
@@ -115,11 +116,12 @@ class EnrichResult:
     def summary(self) -> str:
         """One line for the user."""
         return (
-            f"tokenized {self.distinct_texts} distinct texts ({self.distinct_messages} messages, "
-            f"{self.distinct_tools} tools) with {self.requests} requests; "
-            f"enriched {self.records_enriched} records in {self.path}"
+            f"tokenized {n_of(self.distinct_texts, 'distinct text')} "
+            f"({n_of(self.distinct_messages, 'message')}, {n_of(self.distinct_tools, 'tool')}) "
+            f"with {n_of(self.requests, 'request')}; "
+            f"enriched {n_of(self.records_enriched, 'record')} in {self.path}"
             + (
-                f"; skipped {self.skipped_digest_records} digest records"
+                f"; skipped {n_of(self.skipped_digest_records, 'digest record')}"
                 if self.skipped_digest_records
                 else ""
             )

@@ -13,14 +13,9 @@ from llmp.analysis.causes import words
 from llmp.analysis.classify import SIDE_CALL, STATELESS, TURN
 from llmp.analysis.loss import STRUCTURAL, UNDETERMINED, Between
 from llmp.analysis.rows import Loss, Row
-from llmp.analysis.words import SHAPE_WORDS, duration, join_names, short_model
+from llmp.analysis.words import SHAPE_WORDS, duration, join_names, n_of, short_model
 from llmp.format.measure import MV, clean, weakest
 from llmp.live.contract import VERSION
-
-
-def count(n: int, noun: str) -> str:
-    """`1 turn`, `2,000 tokens`."""
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def _unique(items: Iterable[str]) -> list[str]:
@@ -44,15 +39,15 @@ def between_text(row: Row, btw: Between | None, label: Callable[[int], str]) -> 
     side = [by_id[i] for i in row.side_calls_between if i in by_id]
     if side:
         who = join_names(_unique(label(e.client) for e in side))
-        parts.append(f"{count(len(side), 'side-call')} from {who}")
+        parts.append(f"{n_of(len(side), 'side-call')} from {who}")
     other = [by_id[i] for i in row.other_conversations_between if i in by_id]
     if other:
         who = join_names(_unique(label(e.client) for e in other))
-        parts.append(f"{count(len(other), 'request')} of other conversations from {who}")
+        parts.append(f"{n_of(len(other), 'request')} of other conversations from {who}")
     models = [by_id[i] for i in row.other_domains_between if i in by_id]
     if models:
         names = join_names(_unique(short_model(e.served) for e in models))
-        parts.append(f"{count(len(models), 'request')} to {names}")
+        parts.append(f"{n_of(len(models), 'request')} to {names}")
     if not parts:
         return None
     return f"{join_names(parts)} ran in between"
@@ -179,7 +174,7 @@ def request_line(ev: dict[str, Any]) -> str:
     else:
         head = f"{who} {STATELESS} request"
     prompt = ev["prompt_tokens"]
-    facts = [f"{prompt:,} prompt tokens" if prompt is not None else "prompt tokens not reported"]
+    facts = [n_of(prompt, "prompt token") if prompt is not None else "prompt tokens not reported"]
     if kind == TURN:
         reuse = ev["reuse"]
         facts.append(f"{reuse:.0%} reused" if reuse is not None else "reuse not reported")
@@ -191,7 +186,7 @@ def request_line(ev: dict[str, Any]) -> str:
     line = f"{head}: {', '.join(facts)}"
     lost = ev.get("lost_tokens")
     if lost:
-        line += f"; lost {lost:,} tokens ({duration(ev['lost_ms'])}): {ev['cause_text']}"
+        line += f"; lost {n_of(lost, 'token')} ({duration(ev['lost_ms'])}): {ev['cause_text']}"
     return ("llmp: warning: " if ev.get("warn") else "llmp: ") + line
 
 
@@ -201,10 +196,10 @@ def summary_line(s: dict[str, Any]) -> str:
         return "llmp: live view: no chat request was analysed"
     lost = s["lost_tokens"]
     text = (
-        f"llmp: live view: {count(s['turns'], 'turn')} in "
-        f"{count(s['conversations'], 'conversation')}, {count(s['side_calls'], 'side-call')}; "
+        f"llmp: live view: {n_of(s['turns'], 'turn')} in "
+        f"{n_of(s['conversations'], 'conversation')}, {n_of(s['side_calls'], 'side-call')}; "
         f"prefill {duration(s['prefill_ms'])}"
     )
     if lost:
-        text += f", of which {duration(s['lost_ms'])} ({lost:,} tokens) lost"
-    return text + f"; {count(s['warnings'], 'warning')}"
+        text += f", of which {duration(s['lost_ms'])} ({n_of(lost, 'token')}) lost"
+    return text + f"; {n_of(s['warnings'], 'warning')}"

@@ -28,6 +28,7 @@ from llmp.analysis.config import Config
 from llmp.analysis.engine import Engine
 from llmp.analysis.rows import LossByCause, Row
 from llmp.format.measure import Sum
+from llmp.format.nouns import n_of
 from llmp.live.contract import (
     LINE_ATTR,
     MIB,
@@ -39,7 +40,7 @@ from llmp.live.contract import (
     LiveError,
 )
 from llmp.live.eventfiles import CsvFile, EventFile
-from llmp.live.events import count, over_threshold, request_line, summary_line, turn_event
+from llmp.live.events import over_threshold, request_line, summary_line, turn_event
 from llmp.live.metrics import Metrics
 from llmp.live.sink import LineSink
 
@@ -298,7 +299,7 @@ class LiveView:
             log.info(
                 "llmp: live view: gave up waiting for %s after %d later ones; "
                 "going on without (llmp analyze places every record)",
-                count(skipped, "record"),
+                n_of(skipped, "record"),
                 len(released),
             )
         for ev in events:

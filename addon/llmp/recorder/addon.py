@@ -20,6 +20,7 @@ import orjson
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.proxy import server_hooks
 
+from llmp.format.nouns import n_of
 from llmp.live import contract as llmp_live
 from llmp.recorder import options as llmp_options
 from llmp.recorder.capture import Capture, now_ms, stream_tap
@@ -158,7 +159,7 @@ class Recorder:
                 log.info(
                     "llmp: live view on: a line per chat request, a warning above %s "
                     "or %s lost; summary at GET %s, Prometheus metrics at GET %s",
-                    f"{s.live_warn_tokens:,} token{'' if s.live_warn_tokens == 1 else 's'}",
+                    n_of(s.live_warn_tokens, "token"),
                     f"{s.live_warn_ms:,} ms",
                     llmp_live.SUMMARY_PATH,
                     llmp_live.METRICS_PATH,

@@ -83,7 +83,7 @@ class LargeSystemPrompt(FindingKind):
     def sentence(cls, f: dict[str, Any]) -> tuple[str, str]:
         ev = f.get("evidence", {})
         return (
-            f"{f.get('client')}'s system prompt is {ev.get('system_tokens')} tokens (threshold "
+            f"{f.get('client')}'s system prompt is {_tokens(ev.get('system_tokens'))} (threshold "
             f"{ev.get('threshold')}); every cache miss re-processes it.",
             "Trim it, or move rarely needed instructions into tools or files read on demand.",
         )
@@ -92,6 +92,15 @@ class LargeSystemPrompt(FindingKind):
     def gate_size(cls, f: dict[str, Any]) -> str:
         ev = f.get("evidence") or {}
         return f"{ev.get('system_tokens', 0):,} tokens (threshold {ev.get('threshold', 0):,})"
+
+
+def _n(count: Any, noun: str) -> str:
+    """A count from a finding's evidence with its noun; a damaged count as it is."""
+    return n_of(count, noun) if isinstance(count, int) else f"{count} {noun}s"
+
+
+def _tokens(count: Any) -> str:
+    return _n(count, "token")
 
 
 def tools_by_label(label: Label, tools: Tools) -> dict[tuple[str, str], ToolStats]:
@@ -149,9 +158,9 @@ class UnusedTool(FindingKind):
     def sentence(cls, f: dict[str, Any]) -> tuple[str, str]:
         ev = f.get("evidence", {})
         return (
-            f"{f.get('client')} offered the tool {ev.get('tool')} in {ev.get('offered')} requests "
-            f"over {ev.get('days', 0):.1f} days and never called it; it costs "
-            f"{f.get('context_tokens')} tokens of every prompt.",
+            f"{f.get('client')} offered the tool {ev.get('tool')} in "
+            f"{_n(ev.get('offered'), 'request')} over {ev.get('days', 0):.1f} days and never "
+            f"called it; it costs {_tokens(f.get('context_tokens'))} of every prompt.",
             "Remove it, or offer it only when it is needed.",
         )
 
@@ -188,7 +197,7 @@ class LargeToolSchema(FindingKind):
     def sentence(cls, f: dict[str, Any]) -> tuple[str, str]:
         ev = f.get("evidence", {})
         return (
-            f"{f.get('client')}'s tool {ev.get('tool')} takes {ev.get('schema_tokens')} tokens "
+            f"{f.get('client')}'s tool {ev.get('tool')} takes {_tokens(ev.get('schema_tokens'))} "
             f"(threshold {ev.get('threshold')}).",
             "Shorten its description and schema.",
         )

@@ -9,6 +9,7 @@ from typing import Any
 
 from llmp.analysis.causes import BY_NAME, COLOURS
 from llmp.analysis.changes import broke
+from llmp.analysis.words import n_of
 
 CAUSES: dict[str, str] = COLOURS
 """Each cause's colour (`causes.CAUSES` holds them)."""
@@ -78,8 +79,11 @@ def _num(n: float | int | None) -> str:
     return f"{round(n):,}"
 
 
-def _plural(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+def _tokens(n: Any) -> str:
+    """`1 token`, `1,204 tokens`, `– tokens` when not known."""
+    if not isinstance(n, (int, float)) or isinstance(n, bool):
+        return "– tokens"
+    return n_of(round(n), "token")
 
 
 def _when(ms: Any) -> str:

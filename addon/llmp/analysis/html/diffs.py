@@ -13,15 +13,14 @@ from llmp.analysis.html.common import (
     _e,
     _int,
     _mv,
-    _num,
     _obj,
     _obj_or_none,
-    _plural,
     _short,
+    _tokens,
     is_break,
 )
 from llmp.analysis.html.page import _Page
-from llmp.analysis.words import WITHIN_WORDS, duration, short_model
+from llmp.analysis.words import WITHIN_WORDS, duration, n_of, short_model
 
 
 def _msg_cells(m: dict[str, Any] | None) -> tuple[str, str, str]:
@@ -152,15 +151,19 @@ def _broke_text(c: dict[str, Any]) -> str:
 def _between_text(c: dict[str, Any]) -> str:
     btw = _obj(c, "between")
     bits = []
-    for key, noun in (
-        ("side_calls", "side-call"),
-        ("other_conversations", "request of another conversation"),
-        ("other_domains", "request to another model"),
+    for key, noun, many in (
+        ("side_calls", "side-call", None),
+        (
+            "other_conversations",
+            "request of another conversation",
+            "requests of other conversations",
+        ),
+        ("other_domains", "request to another model", "requests to other models"),
     ):
         ids = [i for i in btw.get(key) or [] if _int(i) is not None]
         if ids:
             shown = ", ".join(f"#{i}" for i in ids[:10]) + (" …" if len(ids) > 10 else "")
-            bits.append(f"{_plural(len(ids), noun)} ({shown})")
+            bits.append(f"{n_of(len(ids), noun, many)} ({shown})")
     return "Ran in between: " + "; ".join(bits) + "." if bits else ""
 
 
@@ -169,7 +172,7 @@ def _changes(p: _Page, rows: list[dict[str, Any]], changes: list[dict[str, Any]]
     total = sum(1 for r in rows if is_break(r))
     if changes is None:
         p.add(
-            f'<p class="note">{_plural(total, "turn")} with a break or a loss; the diffs were '
+            f'<p class="note">{n_of(total, "turn")} with a break or a loss; the diffs were '
             "not collected.</p>\n"
             if total
             else "<p>No turn broke its prompt or lost its cached prefix.</p>\n"
@@ -188,8 +191,8 @@ def _changes(p: _Page, rows: list[dict[str, Any]], changes: list[dict[str, Any]]
     )
     if total > len(items):
         p.add(
-            f'<p class="note">Showing {len(items):,} of {total:,} turns with a break or a loss: '
-            "those with the largest loss.</p>\n"
+            f'<p class="note">Showing {len(items):,} of {n_of(total, "turn")} with a break or a '
+            "loss: those with the largest loss.</p>\n"
         )
     for c in items:
         _change_block(p, c)
@@ -231,9 +234,9 @@ def _change_block(p: _Page, c: dict[str, Any]) -> None:
     ]
     for loss in losses:
         meta.append(
-            f"lost {duration(_mv(loss.get('ms')))} ({_num(_int(loss.get('tokens')))} tokens)"
+            f"lost {duration(_mv(loss.get('ms')))} ({_tokens(loss.get('tokens'))})"
             if _mv(loss.get("ms")) is not None
-            else f"lost {_num(_int(loss.get('tokens')))} tokens"
+            else f"lost {_tokens(loss.get('tokens'))}"
         )
     if c.get("compaction"):
         meta.append("a compaction: not charged to the client")
@@ -279,7 +282,7 @@ def _change_block(p: _Page, c: dict[str, Any]) -> None:
                 n, chars = item
                 p.add(
                     f'<tr class="skip"><td class="sign">⋯</td><td></td><td></td>'
-                    f'<td colspan="4">{_e(_plural(n, "unchanged message"))} '
+                    f'<td colspan="4">{_e(n_of(n, "unchanged message"))} '
                     f"({chars:,} chars)</td></tr>\n"
                 )
                 continue

@@ -12,11 +12,11 @@ from llmp.analysis.html.common import (
     _mv,
     _obj,
     _obj_or_none,
-    _plural,
     _when,
 )
 from llmp.analysis.html.page import _Page
 from llmp.analysis.render import duration, sentence, speculative_text
+from llmp.analysis.words import n_of
 
 # -- sections ------------------------------------------------------------------
 
@@ -33,15 +33,15 @@ def _header(p: _Page, report: dict[str, Any], rows: list[dict[str, Any]], title:
         )
         side = sum(1 for r in rows if r.get("kind") == "side_call")
         stateless = sum(1 for r in rows if r.get("kind") == "stateless")
-        extra = f", {_plural(side, 'side-call')}" if rows else ""
+        extra = f", {n_of(side, 'side-call')}" if rows else ""
         if stateless:
-            extra += f", {_plural(stateless, 'stateless request')}"
+            extra += f", {n_of(stateless, 'stateless request')}"
         p.add(
-            f'<p class="sub">{_plural(_int(cov.get("records")) or 0, "record")} from '
+            f'<p class="sub">{n_of(_int(cov.get("records")) or 0, "record")} from '
             f"{_e(_when(window.get('start_ms')))} to {_e(_when(window.get('end_ms')))} "
-            f"({_e(span)}). {_plural(_int(cov.get('analysed')) or 0, 'chat request')} analysed: "
-            f"{_plural(_int(cov.get('turns')) or 0, 'turn')} in "
-            f"{_plural(_int(cov.get('conversations')) or 0, 'conversation')}{_e(extra)}.</p>\n"
+            f"({_e(span)}). {n_of(_int(cov.get('analysed')) or 0, 'chat request')} analysed: "
+            f"{n_of(_int(cov.get('turns')) or 0, 'turn')} in "
+            f"{n_of(_int(cov.get('conversations')) or 0, 'conversation')}{_e(extra)}.</p>\n"
         )
         skipped = _obj(cov, "skipped")
         skip = [f"{v:,} {k.replace('_', ' ')}" for k, v in skipped.items() if _int(v)]
@@ -50,7 +50,7 @@ def _header(p: _Page, report: dict[str, Any], rows: list[dict[str, Any]], title:
             if skip:
                 bits.append("Skipped: " + ", ".join(skip) + ".")
             if _int(cov.get("bad_lines")):
-                bits.append(f"{cov['bad_lines']:,} lines could not be read.")
+                bits.append(f"{n_of(cov['bad_lines'], 'line')} could not be read.")
             p.add(f'<p class="note">{_e(" ".join(bits))}</p>\n')
     p.add(
         '<nav><a href="#loss">Loss by cause</a><a href="#findings">Findings</a>'
@@ -136,7 +136,7 @@ def _loss_by_cause(p: _Page, report: dict[str, Any]) -> None:
         n = _int(v.get("rows")) or 0
         share = f", {ms / prefill:.1%} of prefill" if ms is not None and prefill else ""
         value = f"{duration(ms) if ms is not None else 'not timed'} · {tokens:,} tokens · " + (
-            f"{_plural(n, 'turn')}{share}"
+            f"{n_of(n, 'turn')}{share}"
         )
         words = _cause_words(cause)
         p.add(
@@ -192,9 +192,9 @@ def _clients(p: _Page, report: dict[str, Any]) -> None:
         offered_names = [n for n in c.get("tools") or [] if isinstance(n, str)]
         ua = c.get("user_agent")
         desc = [
-            _plural(_int(c.get("requests")) or 0, "request"),
-            _plural(_int(c.get("conversations")) or 0, "conversation"),
-            _plural(len(offered_names), "tool") + " offered",
+            n_of(_int(c.get("requests")) or 0, "request"),
+            n_of(_int(c.get("conversations")) or 0, "conversation"),
+            n_of(len(offered_names), "tool") + " offered",
         ]
         p.add(
             f'<div class="client" data-client="{_e(name)}"><h3>{_e(name)}</h3>'
@@ -218,7 +218,7 @@ def _clients(p: _Page, report: dict[str, Any]) -> None:
             p.add(
                 f'<tr class="tool"><td><code>{_e(t.get("name"))}</code></td>'
                 f'<td class="n"><span class="bar" style="width:{w}px"></span>{tokens:,}</td>'
-                f'<td class="n">{_e(_plural(_int(t.get("offered")) or 0, "request"))}</td>'
+                f'<td class="n">{_e(n_of(_int(t.get("offered")) or 0, "request"))}</td>'
                 + (f'<td class="n">{called:,}</td>' if called else '<td class="n never">never</td>')
                 + "</tr>\n"
             )

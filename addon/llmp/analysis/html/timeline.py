@@ -23,11 +23,12 @@ from llmp.analysis.html.common import (
     _nice,
     _num,
     _obj,
-    _plural,
+    _tokens,
     _when,
 )
 from llmp.analysis.html.page import _Page
 from llmp.analysis.render import duration, short_model
+from llmp.analysis.words import n_of
 
 
 def _legend(causes: Iterable[str], unmeasured: bool) -> str:
@@ -129,7 +130,7 @@ def _timeline(
         _conversation_chart(p, number, rs, diffed)
     if rest:
         p.add(
-            f"<h3>{_plural(len(rest), 'more conversation')}</h3>\n"
+            f"<h3>{n_of(len(rest), 'more conversation')}</h3>\n"
             f'<p class="note">Only the {MAX_CHARTS} conversations with the largest loss are '
             "drawn.</p>\n<table><thead><tr><th>conversation</th><th>client</th><th>model</th>"
             '<th class="n">turns</th><th class="n">prefill</th><th class="n">lost</th></tr>'
@@ -212,7 +213,7 @@ def _turn_title(bar: _Bar) -> str:
         prompt = _mv(counts.get("prompt_tokens"))
         reused = _mv(counts.get("reused_tokens"))
         evaluated = _mv(counts.get("evaluated_tokens"))
-        lines.append(f"prompt: {_num(prompt)} tokens")
+        lines.append(f"prompt: {_tokens(prompt)}")
         if reused is not None and evaluated is not None:
             lines.append(f"reused {_num(reused)}, evaluated {_num(evaluated)}")
         else:
@@ -230,7 +231,7 @@ def _turn_title(bar: _Bar) -> str:
             lines.append("compaction (not charged)")
         for loss in _losses(r):
             lines.append(
-                f"lost {_num(_int(loss.get('tokens')))} tokens "
+                f"lost {_tokens(loss.get('tokens'))} "
                 f"({duration(_mv(loss.get('ms')))}): {_cause_words(loss.get('cause'))}"
             )
         between = []
@@ -242,7 +243,7 @@ def _turn_title(bar: _Bar) -> str:
             ids = [i for i in r.get(key) or [] if _int(i) is not None]
             if ids:
                 between.append(
-                    _plural(len(ids), noun)
+                    n_of(len(ids), noun)
                     + " ("
                     + ", ".join(f"#{i}" for i in ids[:8])
                     + (" …" if len(ids) > 8 else "")
@@ -253,13 +254,13 @@ def _turn_title(bar: _Bar) -> str:
         return "\n".join(lines)
     lines = [f"Turns {bar.first_turn}–{bar.last_turn}"]
     if bar.reused or bar.evaluated:
-        lines.append(f"reused {_num(bar.reused)}, evaluated {_num(bar.evaluated)} tokens")
+        lines.append(f"reused {_num(bar.reused)}, evaluated {_tokens(bar.evaluated)}")
     if bar.unmeasured:
-        lines.append(f"{_num(bar.unmeasured)} tokens without reuse counters")
+        lines.append(f"{_tokens(bar.unmeasured)} without reuse counters")
     lines.append(f"prefill: {duration(bar.prefill) if bar.timed else 'not timed'}")
     for cause, tokens in bar.lost.items():
         ms = bar.lost_ms.get(cause)
-        lines.append(f"lost {_num(tokens)} tokens ({duration(ms)}): {_cause_words(cause)}")
+        lines.append(f"lost {_tokens(tokens)} ({duration(ms)}): {_cause_words(cause)}")
     return "\n".join(lines)
 
 
@@ -275,14 +276,14 @@ def _conversation_chart(
     models = sorted({short_model(r.get("model")) for r in rs if isinstance(r.get("model"), str)})
     meta = [
         ", ".join(models) or "unknown model",
-        _plural(len(rs), "turn"),
+        n_of(len(rs), "turn"),
         f"started {_when(first.get('t_start_ms'))}",
         f"prefill {duration(prefill_total) if timed else 'not timed'}",
     ]
     if lost_tokens:
         meta.append(
-            f"lost {duration(lost_ms) if lost_ms else 'untimed'} ({lost_tokens:,} tokens) "
-            f"in {_plural(broken, 'turn')}"
+            f"lost {duration(lost_ms) if lost_ms else 'untimed'} ({n_of(lost_tokens, 'token')}) "
+            f"in {n_of(broken, 'turn')}"
         )
     p.add(
         f'<div class="conv" id="conv-{number}" data-conversation="{number}">'
