@@ -90,7 +90,12 @@ def test_several_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_threshold_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = record(tmp_path, sc.changed_system())
     assert main(["analyze", path, "--json", "--min-lost-tokens", "100000"]) == 0
-    assert orjson.loads(capsys.readouterr().out)["findings"] == []
+    rep = orjson.loads(capsys.readouterr().out)
+    # Every charged token stays in a finding (R38); under the threshold it is minor.
+    assert rep["findings"] and all(f["minor"] for f in rep["findings"])
+    assert sum(f["lost_tokens"] for f in rep["findings"]) == rep["time"]["lost_tokens"]
+    assert main(["analyze", path, "--json"]) == 0
+    assert not any(f["minor"] for f in orjson.loads(capsys.readouterr().out)["findings"])
     assert main(["analyze", path, "--json", "--large-system-tokens", "100"]) == 0
     kinds = [f["kind"] for f in orjson.loads(capsys.readouterr().out)["findings"]]
     assert "large_system_prompt" in kinds and "prefix_break" in kinds

@@ -125,10 +125,15 @@ def test_claude_code_session(tmp_path: Path, mode: str) -> None:
         clean(rows[i])
         assert rows[i]["observed_reuse"] is not None and rows[i]["observed_reuse"] > 0.8
     assert rows[8]["kind"] == "side_call" and rows[8]["side_call_shape"] == "summarise"
-    # The compaction: a new attribution line, a summary for history; charged nothing.
+    # The compaction: a new attribution line, a summary for history. The summary is a new
+    # start, charged nothing; the new attribution line made the server re-read the system
+    # prompt and tools behind it, charged on the row (R38) and sized into `volatile_head`.
     compacted = rows[9]
     assert compacted["compaction"] and compacted["break_cause"] == "system_changed"
-    assert compacted["lost_client"] is None and compacted["lost_external"] is None
+    assert compacted["lost_external"] is None
+    volatile = compacted["lost_client"]
+    assert volatile is not None and volatile["cause"] == "system_changed"
+    assert volatile["tokens"] > 0
 
     cov = rep["coverage"]
     assert cov["records"] == 11 and cov["analysed"] == 8
@@ -145,7 +150,10 @@ def test_claude_code_session(tmp_path: Path, mode: str) -> None:
     assert value(rep["time"]["prefill_ms"]) == sum(
         value(r["counts"]["prefill_ms"]) for r in rep["rows"] if r["counts"]["prefill_ms"]
     )
-    assert rep["time"]["lost_tokens"] == 0 and rep["time"]["by_cause"] == {}
+    assert rep["time"]["lost_tokens"] == volatile["tokens"]
+    assert list(rep["time"]["by_cause"]) == ["system_changed"]
+    (head,) = [f for f in rep["findings"] if f["kind"] == "volatile_head"]
+    assert head["rows"] == [9] and head["lost_tokens"] == volatile["tokens"]
 
     # The retried 400: once per record, one context finding; the full body says why.
     (ctx,) = findings(rep, "context_overflow")

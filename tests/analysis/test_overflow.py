@@ -88,10 +88,15 @@ def test_ollama_silent_truncation_full(tmp_path: Path, meaning: str, how: str) -
     assert ev["reported"] <= 2048 < ev["sent"]["value"]
     assert ev["sent"]["source"] == "estimate" and ev["dropped"]["source"] == "estimate"
     assert rep["coverage"]["context_exceeded"] == 0
-    # The cut rows' lost cache is the cut, not the server's doing.
+    # The cut rows' lost cache is the cut's doing, not the server's: the loss stays in a
+    # finding (R38), whose evidence counts the turns after a cut and whose confidence
+    # drops to low when a cut explains every one of them.
     for other in rep["findings"]:
         if other["kind"] == "server_cache_loss":
-            assert not set(other["rows"]) & set(f["rows"])
+            after_cut = set(other["rows"]) & set(f["rows"])
+            assert other["evidence"].get("after_cut", 0) >= len(after_cut)
+            if set(other["rows"]) <= set(f["rows"]):
+                assert other["confidence"] == "low"
 
 
 def test_ollama_digest_has_no_num_ctx(tmp_path: Path) -> None:

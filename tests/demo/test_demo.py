@@ -10,8 +10,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.support.adds_up import problems, readable_problems
 from tests.support.live_checks import analyze, value
 from tests.support.real import llama_paths
+from tests.support.words import slips
 
 pytestmark = pytest.mark.e2e
 
@@ -57,6 +59,12 @@ def test_demo_with_the_bundled_fake_server(tmp_path: Path) -> None:
     (head,) = [f for f in report["findings"] if f["kind"] == "volatile_head"]
     assert head["rows"] == [9] and head["client"].startswith("claude-cli/")
     assert head["evidence"]["changed"]["index"] == 0
+    # R38: the attribution line's cost is charged on its row, and everything adds up.
+    assert rows[9]["lost_client"]["cause"] == "system_changed"
+    assert head["lost_tokens"] == rows[9]["lost_client"]["tokens"]
+    assert problems(report) == []
+    assert readable_problems(out, report) == []
+    assert slips(out) == []
     codex = [rows[i] for i in (10, 11, 12)]
     assert len({r["conversation"] for r in codex}) == 1
     assert [r["turn"] for r in codex] == [1, 2, 3]
@@ -84,6 +92,7 @@ def test_demo_with_the_real_llama_server(tmp_path: Path) -> None:
     assert rows[5]["break_cause"] == "system_changed"
     (head,) = [f for f in report["findings"] if f["kind"] == "volatile_head"]
     assert head["rows"] == [9] and head["lost_tokens"] > 0
+    assert problems(report) == [] and readable_problems(out, report) == []
     assert value(rows[9]["counts"]["reused_tokens"]) < 0.1 * value(
         rows[9]["counts"]["prompt_tokens"]
     )

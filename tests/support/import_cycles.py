@@ -22,8 +22,8 @@ class ModuleCyclesContract(Contract):
 
     root = fields.StringField()
     ignore_imports = fields.SetField(subfield=fields.ImportExpressionField(), required=False)
-    """Imports grimp misreads: `from llmp.analysis import _rowjson` names a C
-    extension, which grimp cannot see, so it records the package itself."""
+    """Imports grimp misreads (none today: the C extensions are loaded by their full
+    names, so no import goes through a package's facade)."""
 
     def check(self, graph: grimp.ImportGraph, verbose: bool) -> ContractCheck:
         removal = contract_utils.remove_ignored_imports_and_report(

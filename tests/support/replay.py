@@ -65,6 +65,7 @@ from typing import Any
 
 from llmp.demo.fakes.exchange import header
 from llmp.demo.fakes.raw import LoopServer, read_request
+from tests.support import adds_up
 from tests.support.mitm import Mitmdump, read_records, wait_for_records
 
 #: mitmproxy's flow error when the client went away (what the harness did).
@@ -874,6 +875,7 @@ def check_report(exchanges: Sequence[Captured], report: dict[str, Any]) -> list[
             problems.append(
                 f"#{ex.seq}: reused/evaluated {got}, server {counters.reused}/{counters.evaluated}"
             )
+    problems += [f"R38: {p}" for p in adds_up.problems(report)]
     return problems
 
 

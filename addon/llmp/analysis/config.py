@@ -96,7 +96,7 @@ OPTIONS: list[tuple[str, str, str]] = [
     (
         "min_lost_tokens",
         "--min-lost-tokens",
-        "loss findings smaller than this are dropped",
+        "loss findings smaller than this are minor: kept, summed, never failing --fail-on",
     ),
     (
         "volatile_head_chars",

@@ -102,7 +102,7 @@ class _Waiting:
 def _set_verdict(row: Row, v: Verdict) -> None:
     row.predicted_reuse, row.observed_reuse = v.predicted_reuse, v.observed_reuse
     row.cause = v.cause
-    row.lost_client, row.lost_external, row.volatile = v.lost_client, v.lost_external, v.volatile
+    row.lost_client, row.lost_external = v.lost_client, v.lost_external
 
 
 def _continues_alt(ex: Exchange, conv: Conversation) -> bool:
@@ -568,7 +568,6 @@ class Engine:
             loss_measured=loss_measured(counts),
             changed=st.changed or None,
             served=served,
-            volatile=verdict.volatile,
             volatile_where=st.volatile_where,
         )
         conv.last = state

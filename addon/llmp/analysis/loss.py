@@ -45,7 +45,6 @@ from llmp.format.measure import (
     RANK,
     SERVER,
     TOKENIZER,
-    clean,
     estimate,
     weakest,
 )
@@ -380,10 +379,11 @@ def _volatile_head(
     """A new conversation or a compaction whose prompt differs from the client's last
     one only in a short leading part (Claude Code's attribution line, a date at the top).
 
-    Such a turn is charged nothing (a new conversation, R: Conversations), but the
+    A new conversation is otherwise charged nothing (R: Conversations), but here the
     server read again everything after that part: the rest of the system prompt
     and the tools, which a stable head would have kept reusable.  That is
-    `Structure.volatile` (composition units), for the `volatile_head` finding.
+    `Structure.volatile` (composition units), charged on the row as `lost_client`
+    with cause `system_changed` (R38), and sized into the `volatile_head` finding.
     """
     nsys = ex.n_sys
     if sys_eq or not tools_eq or ps >= nsys or len(last.sys) != nsys:
@@ -674,17 +674,17 @@ class Verdict:
     lost_external: Loss | None = None
     cause: str | None = None
     server_kind: str | None = None
-    volatile: Loss | None = None
-    """What a volatile head cost a new conversation or a compaction (no row charge)."""
     rolled_back: bool = False
     """The server reused past the start of the changed message: it can go back (R31)."""
 
 
 def _ms(tokens: float, src: str, counts: Counts) -> MV | None:
+    """What re-reading `tokens` took, at the row's own prefill rate, in whole milliseconds:
+    every figure of the report sums the same integers, so they add up exactly (R38)."""
     pre, ev = counts.prefill_ms, counts.evaluated_tokens
     if pre is None or ev is None or ev[0] <= 0:
         return None
-    return (clean(tokens * pre[0] / ev[0]), weakest(src, pre[1], ev[1]))
+    return (round(tokens * pre[0] / ev[0]), weakest(src, pre[1], ev[1]))
 
 
 def loss_measured(counts: Counts) -> bool:
@@ -897,7 +897,9 @@ def losses(
 
     tol = cfg.reuse_tolerance_tokens
     if st.volatile:
-        v.volatile = _volatile_loss(st, counts, factor, unit_src, tol)
+        # R38: a new conversation (or a compaction) that re-read what the server held,
+        # only because the prompt's head changed, is charged on its row.
+        v.lost_client = _volatile_loss(st, counts, factor, unit_src, tol)
 
     charged = st.break_cause is not None and not st.compaction
     deficit = 0.0

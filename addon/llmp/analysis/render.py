@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from llmp.analysis import causes
+from llmp.analysis.causes import words as cause_words
 from llmp.analysis.findings import BY_KIND
 from llmp.analysis.report import ConversationSummary
 from llmp.analysis.words import (
@@ -36,6 +36,29 @@ def sentence(f: dict[str, Any]) -> tuple[str, str]:
 
 
 _CONTEXT_KINDS = ("unused_tool", "large_tool_schema", "large_system_prompt")
+
+
+def readable_order(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The findings in the order the readable report says them, one per finding (the
+    unused tools of a client, which it says in one sentence, each apart)."""
+    first = [f for f in findings if f["kind"] == "context_overflow"]
+    losses = [
+        f for f in findings if f["kind"] not in _CONTEXT_KINDS and f["kind"] != "context_overflow"
+    ]
+    losses.sort(key=lambda f: (-(value_of(f.get("lost_ms")) or 0), -(f.get("lost_tokens") or 0)))
+    rest = [f for f in findings if f["kind"] in _CONTEXT_KINDS]
+    return first + losses + rest
+
+
+def _losses_in(findings: list[dict[str, Any]]) -> str:
+    """`: 412 tokens (120 ms) lost in all`, the losses of findings a list leaves out, so the
+    readable report still adds up to the loss table (R38); "" when they lost nothing."""
+    tokens = sum(f.get("lost_tokens") or 0 for f in findings)
+    if not tokens:
+        return ""
+    timed = [v for f in findings if (v := value_of(f.get("lost_ms"))) is not None]
+    ms = f", {duration(sum(timed))}" if timed else ""
+    return f", {n_of(tokens, 'token')}{ms} lost in all"
 
 
 def readable_findings(findings: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
@@ -69,8 +92,9 @@ def readable_findings(findings: list[dict[str, Any]]) -> list[tuple[str, str, st
         out.append(
             (
                 conf,
-                f"{client} offered {len(names)} tools it never called ({shown}) in up to "
-                f"{offered} requests; together they cost {tokens:,} tokens of every prompt.",
+                f"{client} offered {n_of(len(names), 'tool')} it never called ({shown}) in up "
+                f"to {n_of(offered, 'request')}; together they cost {n_of(tokens, 'token')} of "
+                "every prompt.",
                 "Remove them, or offer them only when they are needed.",
             )
         )
@@ -138,11 +162,11 @@ def render(
             "request, so they were not compared by their messages (counted as stateless)."
         )
     if cov["bad_lines"]:
-        lines.append(f"{cov['bad_lines']:,} lines could not be read.")
+        lines.append(f"{n_of(cov['bad_lines'], 'line')} could not be read.")
     if cov["turns"]:
         lines.append(
-            f"The server reported cache reuse for {cov['turns_with_reuse']:,} turns and timing "
-            f"for {cov['turns_with_timing']:,}."
+            f"The server reported cache reuse for {n_of(cov['turns_with_reuse'], 'turn')} and "
+            f"timing for {cov['turns_with_timing']:,}."
         )
     for line in lines:
         console.print(line)
@@ -155,7 +179,7 @@ def render(
     if prefill is None:
         console.print("No request was timed, so the prefill time is unknown.")
     else:
-        detail = f"{t['lost_tokens']:,} tokens"
+        detail = n_of(t["lost_tokens"], "token")
         if lost is not None and prefill > 0:
             detail = f"{lost / prefill:.0%}, " + detail
         console.print(
@@ -184,9 +208,7 @@ def render(
         for cause, c in ranked:
             ms = value_of(c["ms"])
             pct = f"{ms / prefill:.1%}" if ms is not None and prefill else "-"
-            table.add_row(
-                causes.words(cause), str(c["rows"]), f"{c['tokens']:,}", duration(ms), pct
-            )
+            table.add_row(cause_words(cause), str(c["rows"]), f"{c['tokens']:,}", duration(ms), pct)
         console.print(table)
         cut = [
             f
@@ -209,18 +231,24 @@ def render(
     findings = header["findings"]
     if findings:
         console.print(Text("Findings", style="bold"))
-        items = readable_findings(findings)
+        shown = [f for f in findings if not f.get("minor")]
+        items = readable_findings(shown)
         for i, (confidence, what, fix) in enumerate(items[:max_findings], 1):
             console.print(Text.assemble(f"{i}. ", (f"[{confidence}] ", "dim"), what))
             if fix:
                 console.print(Text.assemble("   ", ("Fix: ", "bold green"), fix))
         if len(items) > max_findings:
-            console.print(f"… and {len(items) - max_findings} more (see --json).")
-    elif header["time"]["lost_tokens"]:
-        console.print(
-            "No findings: each cause lost less than the thresholds a finding needs "
-            "(--min-lost-tokens); the table above shows every loss."
-        )
+            # The same order `readable_findings` used: what it left out is its tail.
+            hidden = _losses_in(readable_order(shown)[max_findings:])
+            console.print(
+                f"… and {n_of(len(items) - max_findings, 'more finding')}{hidden} (see --json)."
+            )
+        minor = [f for f in findings if f.get("minor")]
+        if minor:
+            console.print(
+                f"{n_of(len(minor), 'smaller loss')}, each under the --min-lost-tokens threshold"
+                f"{_losses_in(minor)} (see --json)."
+            )
     else:
         console.print("No findings: nothing was lost that the recording can show.")
     console.print()

@@ -11,6 +11,7 @@ with a row's own bytes.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -80,9 +81,9 @@ class Row:
     """Additive: where each changed message changed (docs/analysis.md §7)."""
     # Not in the report (`_AGGREGATE`): what the aggregates need besides the row fields.
     served: str = field(default="", metadata=_AGGREGATE)
-    volatile: Loss | None = field(default=None, metadata=_AGGREGATE)
-    """A volatile head's cost (the `volatile_head` finding)."""
     volatile_where: dict[str, Any] | None = field(default=None, metadata=_AGGREGATE)
+    """Set when the row's `lost_client` is a volatile head's (the `volatile_head` finding):
+    where the head changed."""
     recording: int = field(default=0, metadata=_AGGREGATE)
     """The file the record came from: its index in the paths read (R17)."""
     draft_n: int | None = field(default=None, metadata=_AGGREGATE)
@@ -276,12 +277,18 @@ def writer(mod: Any) -> Callable[[Row], bytes]:
     return spill_line_c
 
 
-try:
-    from llmp.analysis import _rowjson
-except ImportError:  # built without a C compiler: the Python writer, the same bytes
-    _rowjson = None  # type: ignore[assignment]
+def _c_module() -> Any:
+    """The C writer, or None where it was built without a C compiler (the Python writer
+    then writes the same bytes).  Loaded by its full name: an import through the package
+    (`from llmp.analysis import …`) would run the package's `__init__`, which imports
+    this module back."""
+    try:
+        return importlib.import_module("llmp.analysis._rowjson")
+    except ImportError:
+        return None
 
-spill_line = writer(_rowjson)
+
+spill_line = writer(_c_module())
 """`Row.spill_line()`'s bytes: from the C writer (`_rowjson.c`, about half the time of
 building and dumping the row's dicts) where it was built and fits `Row`, else from
 `Row.spill_line`.  The C writer gives the Python writer every row it cannot write

@@ -28,7 +28,7 @@ from llmp.analysis.rows import COMPOSITION, join_spilled, spill_extra
 from llmp.apis.base import FIELDS
 
 if TYPE_CHECKING:
-    from llmp.analysis import Analysis
+    from llmp.analysis.result import Analysis
 
 SCHEMA_VERSION = 1
 """The table's version, in the Parquet metadata as `schema_version` (docs/table.md).

@@ -129,6 +129,8 @@ class LossGroup:
 
     rows: list[int] = field(default_factory=list)
     tokens: int = 0
+    charged: int = 0
+    """Rows that brought a charged loss (a `Loss`): their tokens are the finding's."""
     measured: int = 0
     unmeasured: int = 0
     ms: Sum = field(default_factory=Sum)
@@ -150,6 +152,10 @@ class LossGroup:
     """The largest loss's first change, in full (offset and context in full mode)."""
     where_tokens: int = -1
     after_refusal: int = 0
+    after_cut: int = 0
+    """Server losses of turns whose prompt the server cut."""
+    after_skipped: int = 0
+    """Server losses of turns after a failed request that may have run."""
     shrank: int = 0
     requested: set[str] = field(default_factory=set)
     """Model names the side-calls asked for (their server may serve another)."""
@@ -164,6 +170,7 @@ class LossGroup:
             self.unmeasured += 1
         if loss is not None:
             self.tokens += loss.tokens
+            self.charged += 1
         if loss is None or loss.ms is None:
             self.untimed.append(row_id)
         else:
@@ -172,6 +179,7 @@ class LossGroup:
     def merge(self, other: LossGroup) -> None:
         self.rows.extend(other.rows)
         self.tokens += other.tokens
+        self.charged += other.charged
         self.measured += other.measured
         self.unmeasured += other.unmeasured
         self.ms.add(other.ms.result())
@@ -190,6 +198,8 @@ class LossGroup:
         if other.where is not None and other.where_tokens > self.where_tokens:
             self.where, self.where_tokens = other.where, other.where_tokens
         self.after_refusal += other.after_refusal
+        self.after_cut += other.after_cut
+        self.after_skipped += other.after_skipped
         self.shrank += other.shrank
         self.requested |= other.requested
         self.conversation_models |= other.conversation_models
@@ -231,14 +241,18 @@ def loss_finding(
     client: str | None,
     g: LossGroup,
     confidence: str,
-    tokens_always: bool = False,
 ) -> dict[str, Any] | None:
-    """The finding of a loss group, or None when it has no rows or lost too little."""
+    """The finding of a loss group, or None when it has no rows.
+
+    Its `lost_tokens` and `lost_ms` are its rows' charged losses summed, so the
+    findings add up to the loss table (R38): a group that charged nothing (rows seen
+    without reuse counters) has `lost_tokens: null`.  A finding smaller than
+    `min_lost_tokens` is kept, marked `minor`: the readable report sums the minor
+    ones in a line and `--fail-on` passes them, but no charged token goes missing.
+    """
     if not g.rows:
         return None
-    has_tokens = g.measured > 0 or (tokens_always and g.tokens > 0)
-    if has_tokens and g.tokens < cfg.min_lost_tokens:
-        return None
+    has_tokens = g.charged > 0
     ms: MV | None = g.ms.result()
     return {
         "kind": kind,
@@ -251,6 +265,7 @@ def loss_finding(
         "confidence": confidence,
         "evidence": {},
         "untimed_rows": sorted(g.untimed),
+        "minor": has_tokens and g.tokens < cfg.min_lost_tokens,
     }
 
 

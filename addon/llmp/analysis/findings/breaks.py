@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
-from llmp.analysis import advice, causes
+from llmp.analysis.advice import attribution_header, cut_after_context_error, volatile_block
+from llmp.analysis.causes import BY_NAME, CLIENT
 from llmp.analysis.findings.base import (
     HIGH,
     LOW,
@@ -18,7 +19,7 @@ from llmp.analysis.findings.base import (
     loss_finding,
     merged_by_label,
 )
-from llmp.analysis.words import advised, lost_text, short_model, where_text
+from llmp.analysis.words import advised, lost_text, n_of, short_model, where_text
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config
@@ -83,7 +84,7 @@ class PrefixBreak(FindingKind):
         for (name, (cause, served)), g in merged_by_label(self.groups, label).items():
             if not g.rows:
                 continue
-            f = loss_finding(self.cfg, self.name, served, name, g, _confidence(g), True)
+            f = loss_finding(self.cfg, self.name, served, name, g, _confidence(g))
             if f is None:
                 continue
             n_links = links[(name, served)]
@@ -103,15 +104,15 @@ class PrefixBreak(FindingKind):
     @classmethod
     def sentence(cls, f: dict[str, Any]) -> tuple[str, str]:
         ev = f.get("evidence", {})
-        cause = causes.BY_NAME.get(str(ev.get("break_cause")))
-        known = cause is not None and cause.group == causes.CLIENT
+        cause = BY_NAME.get(str(ev.get("break_cause")))
+        known = cause is not None and cause.group == CLIENT
         what = cause.did if cause is not None and known else "broke its prompt prefix"
         fix = cause.fix if cause is not None and known else "Keep the start of the prompt stable."
         share = ev.get("share")
         pct = f" ({share:.0%})" if isinstance(share, (int, float)) else ""
         where = where_text(ev.get("changed"))
         return (
-            f"{f.get('client')} {what} in {ev.get('broken')} of {ev.get('links')} turns{pct} "
+            f"{f.get('client')} {what} in {ev.get('broken')} of {_turns(ev.get('links'))}{pct} "
             f"on {short_model(f.get('model'))}{where}: {lost_text(f)}.",
             advised(ev, fix),
         )
@@ -119,6 +120,10 @@ class PrefixBreak(FindingKind):
     @classmethod
     def gate_detail(cls, f: dict[str, Any]) -> Any:
         return (f.get("evidence") or {}).get("break_cause")
+
+
+def _turns(links: Any) -> str:
+    return n_of(links, "turn") if isinstance(links, int) else f"{links} turns"
 
 
 def _confidence(g: LossGroup) -> str:
@@ -143,9 +148,9 @@ def _positions(g: LossGroup) -> list[dict[str, Any]]:
 def _break_advice(cause: str, g: LossGroup, label: str) -> dict[str, Any] | None:
     """What the client can do about its prefix break, when its harness is recognised."""
     if g.after_refusal and g.after_refusal * 2 >= g.broken:
-        return advice.cut_after_context_error(g.shrank > 0, label)
+        return cut_after_context_error(g.shrank > 0, label)
     if cause == "system_changed":
-        return advice.attribution_header(g.where, label) or advice.volatile_block(g.where, label)
+        return attribution_header(g.where, label) or volatile_block(g.where, label)
     return None
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from llmp.analysis import advice, causes
-from llmp.analysis.causes import OTHER_CONVERSATION, OTHER_MODEL
+from llmp.analysis.advice import weak_model_side_calls
+from llmp.analysis.causes import BY_NAME, OTHER_CONVERSATION, OTHER_MODEL
 from llmp.analysis.classify import SIDE_CALL, STATELESS
 from llmp.analysis.findings.base import (
     HIGH,
@@ -19,7 +19,15 @@ from llmp.analysis.findings.base import (
     group,
     loss_finding,
 )
-from llmp.analysis.words import SHAPE_WORDS, advised, join_names, lost_text, short_model, times
+from llmp.analysis.words import (
+    SHAPE_WORDS,
+    advised,
+    join_names,
+    lost_text,
+    n_of,
+    short_model,
+    times,
+)
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config
@@ -135,7 +143,7 @@ class SideCallOnModel(Eviction):
             "clients": _labels(g.clients, label),
         }
         if g.requested - g.conversation_models:
-            ev["advice"] = advice.weak_model_side_calls(g.requested, g.conversation_models)
+            ev["advice"] = weak_model_side_calls(g.requested, g.conversation_models)
         return ev
 
     @classmethod
@@ -147,7 +155,7 @@ class SideCallOnModel(Eviction):
             f"{join_names(ev.get('clients', []))}'s {shapes} side-calls ran on "
             f"{short_model(f.get('model'))}, the model serving the conversation, and "
             f"{evicted(f)} the cache {times(n)}: {lost_text(f)}.",
-            advised(ev, causes.BY_NAME[causes.SIDE_CALL].fix),
+            advised(ev, BY_NAME[SIDE_CALL].fix),
         )
 
 
@@ -178,10 +186,10 @@ class OtherConversationEviction(Eviction):
         k = ev.get("other_conversations", 0)
         who = join_names(ev.get("clients", []))
         return (
-            f"{k} other conversation{'s' if k != 1 else ''} ({who}) ran "
+            f"{n_of(k, 'other conversation')} ({who}) ran "
             f"on {short_model(f.get('model'))} between turns and {evicted(f)} the cache "
             f"{times(n)}: {lost_text(f)}.",
-            causes.BY_NAME[causes.OTHER_CONVERSATION].fix,
+            BY_NAME[OTHER_CONVERSATION].fix,
         )
 
 
@@ -207,7 +215,7 @@ class OtherModelEviction(Eviction):
         return (
             f"Requests to {others} ran between turns on {short_model(f.get('model'))}, and "
             f"its cache was gone {times(n)}: {lost_text(f)}.",
-            causes.BY_NAME[causes.OTHER_MODEL].fix,
+            BY_NAME[OTHER_MODEL].fix,
         )
 
 

@@ -5,10 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from llmp.analysis import causes
-from llmp.analysis.causes import SERVER_CAUSES, SERVER_EMPTY, SERVER_HEAD_ONLY, SERVER_NO_ROLLBACK
+from llmp.analysis.causes import (
+    BY_NAME,
+    SERVER,
+    SERVER_CAUSES,
+    SERVER_EMPTY,
+    SERVER_HEAD_ONLY,
+    SERVER_NO_ROLLBACK,
+    SERVER_ROLLBACK,
+)
 from llmp.analysis.findings.base import (
     HIGH,
+    LOW,
     MEDIUM,
     FindingKind,
     Label,
@@ -17,7 +25,7 @@ from llmp.analysis.findings.base import (
     group,
     loss_finding,
 )
-from llmp.analysis.words import advised, lost_text, short_model, times
+from llmp.analysis.words import advised, each_of, lost_text, n_of, short_model, times
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config
@@ -61,9 +69,10 @@ class Memory:
         }
         if self.signature:
             out["text"] = (
-                f"Its {self.appended} appended turns reused the whole cache, and after each of "
-                f"the {self.changes} changes it re-read from the start or from a checkpoint: "
-                "the model's cache cannot go back (a sliding-window or hybrid/recurrent model)."
+                f"Its {n_of(self.appended, 'appended turn')} reused the whole cache, and after "
+                f"{each_of(self.changes, 'change')} it re-read from the start or from a "
+                "checkpoint: the model's cache cannot go back (a sliding-window or "
+                "hybrid/recurrent model)."
             )
         return out
 
@@ -82,10 +91,15 @@ class ServerCacheLoss(FindingKind):
         if not row.new_conversation:
             self._memory(row, btw)
         ext = row.lost_external
-        # A prompt the server cut lost its cache to the cut, not to the
-        # server: context_overflow names it.
-        if ext is not None and ext.cause in SERVER_CAUSES and not btw.skipped and not cut:
-            group(self.groups, (row.served, ext.cause)).add_loss(row.id, ext, True)
+        if ext is None or ext.cause not in SERVER_CAUSES:
+            return
+        # Every charged token is in one finding (R38), these included: a prompt the server
+        # cut lost its cache to the cut (context_overflow names the cut), and a request in
+        # between that may have run leaves the cause undetermined; the evidence says so.
+        g = group(self.groups, (row.served, ext.cause))
+        g.add_loss(row.id, ext, True)
+        g.after_cut += cut
+        g.after_skipped += btw.skipped
 
     def _memory(self, row: Row, btw: Between) -> None:
         """What a linked turn shows of whether the server's cache can go back (R31)."""
@@ -109,6 +123,10 @@ class ServerCacheLoss(FindingKind):
             f = loss_finding(self.cfg, self.name, served, None, g, _confidence(kind, g, mem))
             if f is not None:
                 f["evidence"] = {"kind": kind}
+                if g.after_cut:
+                    f["evidence"]["after_cut"] = g.after_cut
+                if g.after_skipped:
+                    f["evidence"]["after_skipped"] = g.after_skipped
                 if mem is not None:
                     f["evidence"]["memory"] = mem.evidence()
                 out.append(f)
@@ -117,14 +135,14 @@ class ServerCacheLoss(FindingKind):
     @classmethod
     def sentence(cls, f: dict[str, Any]) -> tuple[str, str]:
         ev = f.get("evidence", {})
-        sub = causes.BY_NAME.get(str(ev.get("kind")))
-        if sub is None or sub.group != causes.SERVER:
-            sub = causes.BY_NAME[causes.SERVER_ROLLBACK]
+        sub = BY_NAME.get(str(ev.get("kind")))
+        if sub is None or sub.group != SERVER:
+            sub = BY_NAME[SERVER_ROLLBACK]
         n = len(f.get("rows", []))
         story = sub.story.format(
             model=short_model(f.get("model")), times=times(n), lost=lost_text(f)
         )
-        return (story + _memory_note(ev), advised(ev, sub.fix))
+        return (story + _memory_note(ev) + _doubt_note(ev), advised(ev, sub.fix))
 
     @classmethod
     def gate_detail(cls, f: dict[str, Any]) -> Any:
@@ -132,6 +150,10 @@ class ServerCacheLoss(FindingKind):
 
 
 def _confidence(kind: str, g: LossGroup, mem: Memory | None) -> str:
+    if g.after_cut + g.after_skipped >= len(g.rows):
+        return LOW  # every row has another explanation (the cut, or a request that may have run)
+    if g.after_cut or g.after_skipped:
+        return MEDIUM
     if kind == SERVER_EMPTY:
         return HIGH
     if kind == SERVER_HEAD_ONLY:
@@ -139,6 +161,21 @@ def _confidence(kind: str, g: LossGroup, mem: Memory | None) -> str:
     if mem is not None and mem.signature:
         return HIGH
     return MEDIUM
+
+
+def _doubt_note(ev: dict[str, Any]) -> str:
+    """The rows another explanation covers: a prompt the server cut, a request that may
+    have run in between."""
+    parts = []
+    cut, skipped = int(ev.get("after_cut") or 0), int(ev.get("after_skipped") or 0)
+    if cut:
+        parts.append(
+            f"{n_of(cut, 'turn')} followed a prompt the server cut (see the context overflow "
+            "finding)"
+        )
+    if skipped:
+        parts.append(f"{n_of(skipped, 'turn')} came after a failed request that may have run")
+    return f" Of these, {' and '.join(parts)}." if parts else ""
 
 
 def _memory_note(ev: dict[str, Any]) -> str:

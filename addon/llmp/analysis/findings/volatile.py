@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from llmp.analysis import advice
+from llmp.analysis.advice import attribution_header, volatile_block
 from llmp.analysis.findings.base import (
     HIGH,
     LOW,
@@ -28,7 +28,8 @@ VOLATILE_HEAD = "volatile_head"
 
 
 class VolatileHead(FindingKind):
-    """Per client and served model: the turns whose `volatile` loss the engine charged."""
+    """Per client and served model: the turns charged for a volatile head (R38: the row's
+    `lost_client`, with `volatile_where` set)."""
 
     name = VOLATILE_HEAD
 
@@ -37,20 +38,21 @@ class VolatileHead(FindingKind):
         self.groups: dict[tuple[int, str], LossGroup] = {}
 
     def linked(self, row: Row, btw: Between, cut: bool) -> None:
-        if row.volatile is None:
+        loss = row.lost_client
+        if loss is None or row.volatile_where is None:
             return
         g = group(self.groups, (row.client, row.served))
-        g.add_loss(row.id, row.volatile, row.loss_measured)
+        g.add_loss(row.id, loss, row.loss_measured)
         g.broken += row.compaction
         if row.conversation is not None:
             g.conversations.add(row.conversation)
-        g.note_where(row.volatile_where, row.volatile.tokens)
+        g.note_where(row.volatile_where, loss.tokens)
 
     def build(self, label: Label, tools: Tools) -> list[dict[str, Any]]:
         out = []
         for (name, served), g in merged_by_label(self.groups, label).items():
             conf = HIGH if g.measured and not g.unmeasured else MEDIUM if g.measured else LOW
-            f = loss_finding(self.cfg, self.name, served, name, g, conf, tokens_always=True)
+            f = loss_finding(self.cfg, self.name, served, name, g, conf)
             if f is None:
                 continue
             where = g.where or {}
@@ -59,7 +61,7 @@ class VolatileHead(FindingKind):
                 "compactions": g.broken,
                 "changed": {k: where.get(k) for k in ("index", "role", "within")},
             }
-            tip = advice.attribution_header(g.where, name) or advice.volatile_block(g.where, name)
+            tip = attribution_header(g.where, name) or volatile_block(g.where, name)
             if tip is not None:
                 f["evidence"]["advice"] = tip
             out.append(f)
@@ -76,10 +78,11 @@ class VolatileHead(FindingKind):
                 if k
             ]
         )
+        each = "each of " if n_conv + n_comp > 1 else ""
         where = where_text([ev.get("changed")] if ev.get("changed") else [])
         return (
-            f"{f.get('client')}'s system prompt differed only in its head{where}, and each "
-            f"of {hit} on {short_model(f.get('model'))} read the whole prompt again: "
+            f"{f.get('client')}'s system prompt differed only in its head{where}, and {each}"
+            f"{hit} on {short_model(f.get('model'))} read the whole prompt again: "
             f"{lost_text(f)}.",
             advised(
                 ev,
