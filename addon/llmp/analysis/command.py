@@ -1,4 +1,5 @@
-"""`llmp analyze RECORDING... [--json] [--tokenize URL] [--html FILE] [--rows FILE] [--fail-on K]`.
+"""`llmp analyze RECORDING... [--json] [--tokenize URL] [--html FILE] [--rows FILE] [--prices FILE]
+[--fail-on K]`.
 
 The command line of the analyzer.  In order, it:
 
@@ -17,6 +18,7 @@ input or output error (one line on stderr: `llmp analyze: …`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -63,6 +65,12 @@ def register(subparsers: Any) -> None:
         help="also write the report's rows as a table to FILE.parquet (needs pyarrow: "
         "pip install 'llmp[table]') or FILE.csv, one column per row field, for DuckDB, "
         "Polars or Spark (docs/table.md); the readable report (or --json) is still printed",
+    )
+    p.add_argument(
+        "--prices",
+        metavar="FILE",
+        help="price these models at your own rates (a TOML table per model, US dollars per "
+        'million tokens; docs/analysis.md, "Prices") instead of genai-prices\' list',
     )
     gate = p.add_argument_group("CI gate (see docs/ci-gate.md)")
     gate.add_argument(
@@ -166,6 +174,14 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"--rows {table}: no such directory {table.resolve().parent}")
         if fmt == ".parquet" and pyarrow_missing():
             return _fail(PYARROW_MISSING.format(path=table))
+    prices = None
+    if args.prices is not None:
+        from llmp.analysis.cost import Prices, PricesFileError
+
+        try:
+            prices = Prices.from_file(args.prices)
+        except PricesFileError as exc:
+            return _fail(str(exc))
     if args.tokenize is not None:
         if STDIN in paths:
             return _fail(
@@ -176,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         if status:
             return status
 
-    cfg = from_args(args)
+    cfg = dataclasses.replace(from_args(args), prices=prices)
     try:
         result = analyze(
             paths,

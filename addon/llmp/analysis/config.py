@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llmp.analysis.cost import Prices
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,14 @@ class Config:
     between_window: int = 65_536
     summary_wrap_chars: int = 2000
     summary_min_chars: int = 500
+    # `--prices FILE` (its own option, read by the command): None is genai-prices' list.
+    prices: Prices | None = None
+
+    def pricing(self) -> Prices:
+        """The prices rows on a provider are priced at (R36)."""
+        from llmp.analysis.cost import default_prices  # here: the live view imports Config
+
+        return self.prices or default_prices()
 
 
 # (field, option, help)
