@@ -1,5 +1,5 @@
 """Fake model servers, for `llmp demo` and the tests: llama.cpp ``llama-server`` (chat,
-Anthropic Messages, Responses) and Ollama.
+Anthropic Messages, Responses), Ollama, vLLM, SGLang, and Anthropic's own API.
 
 They speak the wire formats of ``shared/spec/wire-formats.md`` (the llmp contract) byte for
 byte, from a raw asyncio stream server on 127.0.0.1 in a daemon thread, so a
@@ -23,13 +23,19 @@ cache), then one module per API: ``llama`` (chat and side endpoints),
 ``anthropic`` (``/v1/messages``) and ``responses`` (``/v1/responses``) of
 llama-server; ``ollama`` (``/api/chat``) and ``ollama_openai``
 (``/v1/chat/completions``) of Ollama; ``shared_cache`` (vLLM's and SGLang's
-``/v1/chat/completions`` over one shared prefix cache). ``dead`` holds the addresses where no
-server answers.
+``/v1/chat/completions`` over one shared prefix cache); ``anthropic_api`` (Anthropic's own
+Messages API, over ``anthropic_cache``, its documented prompt cache). ``dead`` holds the
+addresses where no server answers.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from llmp.demo.fakes.anthropic import AnthropicMessages
+from llmp.demo.fakes.anthropic_api import CONTEXT_WINDOW, AnthropicAPI
+from llmp.demo.fakes.anthropic_cache import Decision, Entry, PromptCache
 from llmp.demo.fakes.dead import BlackHole, ClosedPort
 from llmp.demo.fakes.exchange import Exchange
 from llmp.demo.fakes.llama import LLAMA_FINGERPRINT, LLAMA_MODEL_FILE, Llama, llama_dumps
@@ -61,6 +67,7 @@ from llmp.demo.fakes.responses import OpenAIResponses
 from llmp.demo.fakes.shared_cache import PrefixCache, SharedCacheServer
 
 __all__ = [
+    "CONTEXT_WINDOW",
     "GARBAGE_NDJSON",
     "GARBAGE_SSE",
     "LLAMA_FINGERPRINT",
@@ -76,12 +83,16 @@ __all__ = [
     "REPLY_TEXT",
     "TOOL_ARGS",
     "TOOL_ARG_FRAGMENTS",
+    "AnthropicAPI",
     "BlackHole",
     "ClosedPort",
+    "Decision",
+    "Entry",
     "Exchange",
     "FakeModel",
     "Flavor",
     "PrefixCache",
+    "PromptCache",
     "SharedCacheServer",
     "Upstream",
     "count_tokens",
@@ -93,8 +104,16 @@ __all__ = [
 ]
 
 
-def _app(flavor: Flavor, model: FakeModel, capacity: int, cache_report: bool) -> App:
+def _app(
+    flavor: Flavor,
+    model: FakeModel,
+    capacity: int,
+    cache_report: bool,
+    clock: Callable[[], float],
+) -> App:
     """The flavour's server with all of its APIs, over one model."""
+    if flavor == "anthropic-api":
+        return AnthropicAPI(model, clock=clock)
     if flavor == "vllm" or flavor == "sglang":
         return SharedCacheServer(model, flavor, capacity=capacity, cache_report=cache_report)
     if flavor == "llama":
@@ -107,11 +126,18 @@ def _app(flavor: Flavor, model: FakeModel, capacity: int, cache_report: bool) ->
     return ollama
 
 
+def _default_n_ctx(flavor: Flavor) -> int:
+    return CONTEXT_WINDOW if flavor == "anthropic-api" else 8192
+
+
 class Upstream(RawServer):
-    """A fake llama-server (``flavor="llama"``), Ollama (``"ollama"``), vLLM or SGLang.
+    """A fake llama-server (``flavor="llama"``), Ollama (``"ollama"``), vLLM, SGLang, or
+    Anthropic's API (``"anthropic-api"``).
 
     vLLM and SGLang keep one shared prefix cache of ``capacity`` tokens, and
     report its hits only with ``cache_report`` (their servers' flags).
+    Anthropic's API keeps its prompt cache on ``clock`` (``anthropic_api``); its
+    ``n_ctx`` defaults to ``CONTEXT_WINDOW``, the local servers' to 8192.
 
     Runs until ``close()`` (or the end of the ``with`` block). ``log`` is the
     list of ``Exchange`` in arrival order. llama-server serves chat,
@@ -123,26 +149,36 @@ class Upstream(RawServer):
         flavor: Flavor = "llama",
         *,
         fake: str = "",
-        n_ctx: int = 8192,
+        n_ctx: int | None = None,
         model_file: str = LLAMA_MODEL_FILE,
         reply: str | None = None,
         reasoning: str = REASONING_TEXT,
         capacity: int = 1 << 20,
         cache_report: bool = True,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        if flavor not in ("llama", "ollama", "vllm", "sglang"):
+        if flavor not in ("llama", "ollama", "vllm", "sglang", "anthropic-api"):
             raise ValueError(f"unknown flavor {flavor!r}")
         self.flavor: Flavor = flavor
         self.model = FakeModel(
             flavor,
-            n_ctx=n_ctx,
+            n_ctx=n_ctx if n_ctx is not None else _default_n_ctx(flavor),
             reply=REPLY_TEXT[flavor] if reply is None else reply,
             reasoning=reasoning,
             model_file=model_file,
         )
         super().__init__(
-            _app(flavor, self.model, capacity, cache_report), fake=fake, name=f"fake-{flavor}"
+            _app(flavor, self.model, capacity, cache_report, clock),
+            fake=fake,
+            name=f"fake-{flavor}",
         )
+
+    @property
+    def anthropic_api(self) -> AnthropicAPI:
+        """The ``anthropic-api`` flavour's app: its cache, ``evict``, ``entries``."""
+        if not isinstance(self.app, AnthropicAPI):
+            raise TypeError(f"a {self.flavor!r} upstream has no Anthropic API cache")
+        return self.app
 
     # the model's settings, settable as they were on the one-module Upstream
 

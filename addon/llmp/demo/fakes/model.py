@@ -18,13 +18,14 @@ from typing import Any, Literal
 
 from llmp.demo.fakes.exchange import Exchange
 
-Flavor = Literal["llama", "ollama", "vllm", "sglang"]
+Flavor = Literal["llama", "ollama", "vllm", "sglang", "anthropic-api"]
 
 REPLY_TEXT: dict[str, str] = {
     "llama": "Hello from fake llama",
     "ollama": "Hello from fake ollama",
     "vllm": "Hello from fake vllm",
     "sglang": "Hello from fake sglang",
+    "anthropic-api": "Hello from fake anthropic",
 }
 REASONING_TEXT = "Let me think about it."
 TOOL_ARGS: dict[str, Any] = {"city": "Tokyo"}
@@ -204,8 +205,10 @@ class FakeModel:
             return max(total, self.n_ctx + 808)
         return total if total > self.n_ctx else None
 
-    def plan(self, ex: Exchange, body: dict[str, Any], api: str) -> Gen:
-        """Decide the output for one request, and move the slot to its prompt."""
+    def plan(self, ex: Exchange, body: dict[str, Any], api: str, *, think: bool = True) -> Gen:
+        """Decide the output for one request, and move the slot to its prompt.
+
+        ``think=False``: no reasoning (a request that did not turn thinking on)."""
         modes = ex.modes
         rng = random.Random(f"{self.flavor}:{ex.index}")
         prompt = prompt_text(body)
@@ -218,7 +221,7 @@ class FakeModel:
         prompt_n = total - cache_n
 
         reasoning = token_pieces(self.reasoning)
-        if "no_reasoning" in modes or (api == "ollama" and body.get("think") is False):
+        if not think or "no_reasoning" in modes or (api == "ollama" and body.get("think") is False):
             reasoning = []
         n_events = modes.get("events") or ("2000" if "big_response" in modes else "")
         if n_events:

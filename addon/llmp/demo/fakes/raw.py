@@ -74,11 +74,17 @@ class App:
 
     async def json(self, resp: Responder, status: int, obj: Any) -> None:
         """A JSON body, after the delay modes (a server thinks before it answers)."""
-        ex = resp.ex
-        headers = self.headers(ex, "application/json; charset=utf-8")
-        if "delay_ms" in ex.modes or "slow" in ex.modes or "prefill_ms" in ex.modes:
-            await asyncio.sleep(resp.delay() + float(ex.modes.get("prefill_ms") or 0) / 1000)
+        headers = self.headers(resp.ex, "application/json; charset=utf-8")
+        await self.think(resp)
         await resp.body(status, headers, self.dumps(obj))
+
+    @staticmethod
+    async def think(resp: Responder) -> None:
+        """The delay modes' wait before a JSON body's head (``delay_ms``, ``slow``,
+        ``prefill_ms``): a server thinks before it answers."""
+        modes = resp.ex.modes
+        if "delay_ms" in modes or "slow" in modes or "prefill_ms" in modes:
+            await asyncio.sleep(resp.delay() + float(modes.get("prefill_ms") or 0) / 1000)
 
     async def stream(
         self, resp: Responder, content_type: str, events: list[bytes], error_event: bytes
