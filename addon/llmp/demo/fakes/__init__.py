@@ -1,5 +1,6 @@
 """Fake model servers, for `llmp demo` and the tests: llama.cpp ``llama-server`` (chat,
-Anthropic Messages, Responses) and Ollama.
+Anthropic Messages, Responses), Ollama, vLLM, SGLang, and the cloud: OpenAI's API and
+OpenRouter.
 
 They speak the wire formats of ``shared/spec/wire-formats.md`` (the llmp contract) byte for
 byte, from a raw asyncio stream server on 127.0.0.1 in a daemon thread, so a
@@ -23,8 +24,10 @@ cache), then one module per API: ``llama`` (chat and side endpoints),
 ``anthropic`` (``/v1/messages``) and ``responses`` (``/v1/responses``) of
 llama-server; ``ollama`` (``/api/chat``) and ``ollama_openai``
 (``/v1/chat/completions``) of Ollama; ``shared_cache`` (vLLM's and SGLang's
-``/v1/chat/completions`` over one shared prefix cache). ``dead`` holds the addresses where no
-server answers.
+``/v1/chat/completions`` over one shared prefix cache). The cloud: ``provider_cache``
+(a provider's prompt cache and its decisions), ``openai_prompt`` (how OpenAI sees a
+request), ``openai_api`` (OpenAI's ``/v1/responses`` and ``/v1/chat/completions``) and
+``openrouter`` (the gateway). ``dead`` holds the addresses where no server answers.
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ from llmp.demo.fakes.modes import (
 )
 from llmp.demo.fakes.ollama import OLLAMA_LOAD_NS, OLLAMA_VERSION, Ollama, go_dumps
 from llmp.demo.fakes.ollama_openai import OllamaOpenAI
+from llmp.demo.fakes.openai_api import OpenAIAPI
+from llmp.demo.fakes.openrouter import OpenRouter
+from llmp.demo.fakes.provider_cache import CacheDecision, ManualClock, ProviderCache
 from llmp.demo.fakes.raw import App, RawServer
 from llmp.demo.fakes.responses import OpenAIResponses
 from llmp.demo.fakes.shared_cache import PrefixCache, SharedCacheServer
@@ -77,11 +83,16 @@ __all__ = [
     "TOOL_ARGS",
     "TOOL_ARG_FRAGMENTS",
     "BlackHole",
+    "CacheDecision",
     "ClosedPort",
     "Exchange",
     "FakeModel",
     "Flavor",
+    "ManualClock",
+    "OpenAIAPI",
+    "OpenRouter",
     "PrefixCache",
+    "ProviderCache",
     "SharedCacheServer",
     "Upstream",
     "count_tokens",
@@ -97,6 +108,10 @@ def _app(flavor: Flavor, model: FakeModel, capacity: int, cache_report: bool) ->
     """The flavour's server with all of its APIs, over one model."""
     if flavor == "vllm" or flavor == "sglang":
         return SharedCacheServer(model, flavor, capacity=capacity, cache_report=cache_report)
+    if flavor == "openai-api":
+        return OpenAIAPI(model)
+    if flavor == "openrouter":
+        return OpenRouter(model)
     if flavor == "llama":
         llama = Llama(model)
         llama.add_routes(AnthropicMessages(llama).routes())
@@ -108,14 +123,17 @@ def _app(flavor: Flavor, model: FakeModel, capacity: int, cache_report: bool) ->
 
 
 class Upstream(RawServer):
-    """A fake llama-server (``flavor="llama"``), Ollama (``"ollama"``), vLLM or SGLang.
+    """A fake llama-server (``flavor="llama"``), Ollama (``"ollama"``), vLLM, SGLang,
+    OpenAI's API (``"openai-api"``) or OpenRouter (``"openrouter"``).
 
     vLLM and SGLang keep one shared prefix cache of ``capacity`` tokens, and
     report its hits only with ``cache_report`` (their servers' flags).
 
     Runs until ``close()`` (or the end of the ``with`` block). ``log`` is the
     list of ``Exchange`` in arrival order. llama-server serves chat,
-    ``/v1/messages`` and ``/v1/responses`` from the same model and slot.
+    ``/v1/messages`` and ``/v1/responses`` from the same model and slot. The cloud
+    fakes keep their own caches: ``OpenAIAPI.of(up)`` and ``OpenRouter.of(up)`` reach
+    them (``cache``, ``clock``, …).
     """
 
     def __init__(
@@ -130,7 +148,7 @@ class Upstream(RawServer):
         capacity: int = 1 << 20,
         cache_report: bool = True,
     ) -> None:
-        if flavor not in ("llama", "ollama", "vllm", "sglang"):
+        if flavor not in ("llama", "ollama", "vllm", "sglang", "openai-api", "openrouter"):
             raise ValueError(f"unknown flavor {flavor!r}")
         self.flavor: Flavor = flavor
         self.model = FakeModel(

@@ -48,6 +48,8 @@ class Exchange:
     #: pending, complete, error_event (midstream error sent, clean end), died,
     #: reset, hung, no_response, short_body, client_gone, cancelled
     outcome: str = "pending"
+    #: a cloud provider fake's cache decision for this request (``provider_cache.CacheDecision``)
+    cache: Any = None
     done: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property

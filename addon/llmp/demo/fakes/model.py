@@ -18,13 +18,15 @@ from typing import Any, Literal
 
 from llmp.demo.fakes.exchange import Exchange
 
-Flavor = Literal["llama", "ollama", "vllm", "sglang"]
+Flavor = Literal["llama", "ollama", "vllm", "sglang", "openai-api", "openrouter"]
 
 REPLY_TEXT: dict[str, str] = {
     "llama": "Hello from fake llama",
     "ollama": "Hello from fake ollama",
     "vllm": "Hello from fake vllm",
     "sglang": "Hello from fake sglang",
+    "openai-api": "Hello from fake openai",
+    "openrouter": "Hello from fake openrouter",
 }
 REASONING_TEXT = "Let me think about it."
 TOOL_ARGS: dict[str, Any] = {"city": "Tokyo"}

@@ -42,7 +42,9 @@ MODES: dict[str, str] = {
     "prompt_eval_cached_count and prompt_eval_count = evaluated part only; llama "
     "/v1/messages: no cache_read_input_tokens, input_tokens = whole prompt; llama "
     "/v1/responses: no input_tokens_details, no timings",
-    "cache_miss": "report no cached prompt tokens for this request",
+    "cache_miss": "report no cached prompt tokens for this request (cloud fakes: read nothing)",
+    "overflow": "cloud fakes, OpenAI before GPT-5.6: this request overflows to another machine",
+    "diagnosis_unavailable": "cloud fakes: a diagnosis asked for answers 'unavailable'",
     "draft": "=PERCENT: llama timings gain draft_n (2 per generated token) and "
     "draft_n_accepted (PERCENT of them, default 75), as with --model-draft",
     "close": "answer with Connection: close and close the connection afterwards",

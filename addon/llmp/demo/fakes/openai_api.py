@@ -1,0 +1,822 @@
+"""A fake of OpenAI's API: ``POST /v1/responses`` and ``POST /v1/chat/completions``
+(streamed and not) with OpenAI's documented prompt-cache rules, and ``GET /v1/models``.
+
+Sources: ``shared/spec/wire-formats.md`` ("Cloud prompt caches", "OpenAI"), rulings
+R34–R37, and openai-python 3.63's types (``ResponseUsage``, ``CompletionUsage``,
+``PromptCacheOptions``, ``PromptCacheBreakpoint``, ``PromptCacheDiagnostics``).  The
+numbers are data in ``llmp/apis/provider_caches.toml``, read through
+``llmp.apis.providers``; the prompt the cache sees is ``openai_prompt``'s rendering
+(tokens: ceil(chars/4) per segment); the cache is ``provider_cache.ProviderCache``.
+
+**Auth and headers.** Every endpoint wants ``authorization: Bearer <key>`` (any
+non-empty key, or exactly ``api_key`` when set); else 401 with OpenAI's error JSON
+(``{"error": {"message", "type", "param", "code"}}``).  Every response carries
+``x-request-id`` (``req_…``), ``openai-processing-ms``, ``openai-organization``,
+``openai-project``, ``openai-version``, the ``x-ratelimit-*`` headers, and Cloudflare's
+``server``, ``cf-ray`` and a ``__cf_bm`` ``set-cookie`` (what the recorder must keep out).
+Non-streamed bodies are pretty-printed JSON, as OpenAI sends them; events are compact.
+
+**What changes the prefix.** The model, the tools (and ``parallel_tool_calls``), the
+text format (Chat: ``response_format``), the reasoning effort and the verbosity form the
+entry's namespace; ``service_tier`` (``auto`` runs at ``default``, ``fast`` at
+``priority``) routes to other machines, so it is in the namespace too; changing any of
+them misses from the first token.  ``prompt_cache_key`` is kept beside the namespace: a
+changed key never reads the old key's entries (a simplification: on the real service a
+changed key usually lands on a cold machine).  A ``compaction`` item is part of the
+prompt like any other.  ``tool_choice`` is not part of the prefix here.
+
+**Before GPT-5.6** (``providers.openai_explicit(model)`` false): automatic caching of
+the whole prompt, no markers, no write fee.  A request is routed by a hash of its
+namespace, its first ``routing_prefix_tokens`` (256) tokens and its key to one of
+``machines`` (4) machines, each with its own entries; it reads the longest prefix it
+shares with an entry there, reported as ``cached_tokens`` in whole 128-token steps from
+1,024 (nothing below 1,024, and prompts under 1,024 tokens are not kept).  Above
+``overflow_per_minute`` (15) requests in a trailing minute for one route, each further
+request goes to another machine, reads nothing and keeps nothing (real overflow machines
+would warm up; the fake keeps the rule simple).  ``prompt_cache_retention``:
+``in_memory`` keeps an entry 5 minutes after its last use (the real one: 5–10 minutes,
+at most an hour), ``24h`` a day; unset is ``default_retention`` (``in_memory``; the real
+default depends on the organisation's data retention).  ``prompt_cache_options``,
+breakpoints and ``comparison_response_id`` are ignored (the response has
+``prompt_cache_options: null`` and no diagnosis).
+
+**GPT-5.6 and later.** ``prompt_cache_options: {"mode", "ttl", "comparison_response_id"}``
+(``mode`` ``implicit`` by default, ``ttl`` ``30m`` or ``12h``, else 400).  Breakpoints
+are ``"prompt_cache_breakpoint": {"mode": "explicit", "ttl"?}`` on a content part (an
+``input_text``/``output_text`` part in Responses, a ``text`` part in Chat, per the
+SDK's ``PromptCacheBreakpoint``); one ends the prefix after that part, its ``ttl``
+defaults to the request's.  ``explicit`` mode writes only at the latest 4 breakpoints
+(more are not an error; the earlier ones are not written) and a request without any
+does not use the cache at all.  ``implicit`` mode (the SDK: "one implicit breakpoint and
+up to the latest three explicit") writes at the end of the prompt and at the latest 3
+breakpoints.  A write needs at least 1,024 tokens before its position.  A request reads
+the longest live entry that is a prefix of its prompt (any position, no lookback limit;
+the real service considers the latest 80 breakpoints); ``cached_tokens`` is exact; the
+tokens from there to the furthest new entry are ``cache_write_tokens`` (priced 1.25×),
+the rest uncached: each input token is counted once.  An entry lives its ttl after its
+last write or read.  There are no machines and no overflow in this generation.
+
+**Usage.** Responses: ``usage.input_tokens`` (cached and written included),
+``input_tokens_details: {cached_tokens, cache_write_tokens}`` always (the SDK requires
+both), plus ``cache_write_tokens_details: {ttl_30m_tokens, ttl_12h_tokens}`` from
+GPT-5.6; ``output_tokens_details.reasoning_tokens``.  Chat: ``usage.prompt_tokens``
+(cached included), ``prompt_tokens_details: {cached_tokens, audio_tokens}`` and, from
+GPT-5.6, ``cache_write_tokens`` there too (the SDK's ``PromptTokensDetails``);
+streamed only with ``stream_options.include_usage``, in one last chunk with empty
+``choices`` (then every chunk has ``usage: null``).
+
+**Echo.** The Responses object echoes, as OpenAI's does, ``instructions``, ``tools``,
+``text``, ``reasoning``, ``metadata``, ``tool_choice``, ``store``, ``prompt_cache_key``,
+``prompt_cache_retention`` (the one applied), ``prompt_cache_options`` (the applied
+mode and ttl, and the comparison id), ``prompt_cache_diagnostics`` and ``service_tier``
+(the tier it ran at).  Chat echoes ``service_tier`` and ``system_fingerprint`` (its
+SDK type has no cache fields).
+
+**Streams.** Responses: named events with ``sequence_number``, ``output_index``,
+``content_index`` and ``item_id`` as OpenAI sends them (the SDK's ``responses.stream()``
+helper reads them): ``response.created``, ``response.in_progress``, a ``reasoning`` item
+(its summary streamed when ``reasoning.summary`` is set; ``encrypted_content`` when
+``include`` asks), the message or ``function_call`` item, then ``response.completed``
+(``response.incomplete`` when ``max_output_tokens`` cut it) with the usage and the
+diagnosis; deltas carry ``obfuscation`` unless ``stream_options.include_obfuscation`` is
+false.  No keep-alive comments, no ``[DONE]``.  Chat: ``data:`` chunks and ``[DONE]``;
+reasoning is counted, never shown.  ``reasoning.effort`` (Chat ``reasoning_effort``)
+``none`` gives no reasoning.
+
+**Diagnostics** (Responses, GPT-5.6+). ``comparison_response_id`` asks for
+``prompt_cache_diagnostics`` (streamed: in ``response.completed``), a comparison of this
+request with that response's request, kept by id for every response (``store: false``
+too: whether OpenAI keeps those is not documented).  In order: the id unknown →
+``comparison_response_not_found`` (HTTP 200); forced ``unavailable`` (the
+``diagnosis_unavailable`` mode or ``unavailable_next()``); a setting differs →
+``cache_miss`` with ``model_changed``, ``prompt_cache_key_changed``,
+``service_tier_changed``, ``tools_changed`` (``parallel_tool_calls`` too),
+``text_format_changed``, ``reasoning_effort_changed`` or ``verbosity_changed``, and
+``cache_missed_tokens`` the whole prompt; the comparison left nothing reusable →
+``unavailable``; the prompt holds the comparison's reusable prefix → ``cache_hit`` (even
+if that entry has expired since: a comparison, not a lookup); else ``cache_miss`` with
+``context_compacted`` (a ``compaction`` item at or after the divergence) or
+``input_changed``, ``cache_missed_tokens`` the tokens from the divergence on.
+``comparison_reusable_tokens`` is the prefix the comparison response read, wrote or kept
+alive.  A diagnosis never changes what is cached.
+
+**Controls.** ``x-fake`` modes: ``overflow`` (this request overflows), ``cache_miss``
+(reads nothing, still writes), ``diagnosis_unavailable``, ``context_error``, and the
+shared faults.  Methods on ``cache`` (``ProviderCache``): ``evict()``,
+``set_machines()``, ``force_overflow()``, ``entries()``; on the app:
+``unavailable_next()``, ``clock`` (real time by default; a ``ManualClock`` in tests).
+Each request's ``Exchange.cache`` is its ``CacheDecision``: machine, overflow, tokens
+read, written and kept, the diagnosis, and why a longer prefix was lost.
+
+Other simplifications: ``previous_response_id`` continues a stored response (400
+``previous_response_not_found`` otherwise); the model named is the model echoed (no
+dated snapshot); ``prompt_cache_options.prewarm`` is not served; a context window of
+``context_window`` tokens (400,000).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import random
+import time
+from typing import Any, Self
+
+from llmp.apis.providers import openai_explicit
+from llmp.demo.fakes.exchange import Exchange
+from llmp.demo.fakes.model import (
+    PREDICTED_MS_PER_TOKEN,
+    PROMPT_MS_PER_TOKEN,
+    FakeModel,
+    Gen,
+    alnum,
+)
+from llmp.demo.fakes.modes import MIDSTREAM_ERROR_MESSAGE
+from llmp.demo.fakes.openai_prompt import (
+    BadRequest,
+    CachePlan,
+    Record,
+    Settings,
+    cache_plan,
+    chat_prompt,
+    chat_settings,
+    diagnose,
+    explicit_ttls,
+    input_items,
+    responses_prompt,
+    responses_settings,
+)
+from llmp.demo.fakes.provider_cache import CacheDecision, Clock, ProviderCache
+from llmp.demo.fakes.raw import App, RawServer
+from llmp.demo.fakes.responder import Responder
+from llmp.demo.fakes.responses import to_chat
+
+OPENAI_VERSION = "2020-10-01"
+SYSTEM_FINGERPRINT = "fp_fake0openai"
+CONTEXT_WINDOW = 400_000
+MODELS = ("gpt-4o", "gpt-4.1", "gpt-5", "gpt-5-codex", "gpt-5.5", "gpt-5.6", "gpt-5.6-codex")
+MISSING_KEY = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization "
+    "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the password "
+    "field (with blank username) if you're accessing the API from your browser and are "
+    "prompted for a username and password. You can obtain an API key from "
+    "https://platform.openai.com/account/api-keys."
+)
+
+
+def pretty(obj: Any) -> bytes:
+    """A non-streamed body as OpenAI sends it: indented JSON."""
+    return json.dumps(obj, indent=2, ensure_ascii=False).encode()
+
+
+def compact(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def openai_error(
+    message: str, etype: str = "invalid_request_error", param: str | None = None, code: Any = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": etype, "param": param, "code": code}}
+
+
+def bearer(ex: Exchange) -> str | None:
+    """The request's bearer token, or None."""
+    scheme, _, token = (ex.request_header("authorization") or "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def mask(key: str) -> str:
+    """How OpenAI quotes a wrong key back: its head and its last four characters."""
+    return key[:3] + "*" * max(0, len(key) - 7) + key[-4:] if len(key) > 7 else "*" * len(key)
+
+
+def processing_ms(d: CacheDecision, output_tokens: int) -> int:
+    """The fake's server time: uncached and written tokens at the fakes' prefill rate, read
+    tokens at a tenth of it, output at the fakes' decode rate."""
+    prefill = (d.uncached + d.written) * PROMPT_MS_PER_TOKEN
+    return round(
+        prefill + d.read * PROMPT_MS_PER_TOKEN / 10 + output_tokens * PREDICTED_MS_PER_TOKEN
+    )
+
+
+def obfuscation(rng: random.Random, delta: str) -> str:
+    """Stream obfuscation: random characters that pad a delta's length."""
+    return alnum(rng, max(1, 16 - len(delta) % 16))
+
+
+def ttl_details(d: CacheDecision) -> dict[str, int]:
+    """``cache_write_tokens_details``: the written tokens by time-to-live."""
+    return {f"ttl_{name}_tokens": d.written_by_ttl.get(name, 0) for name in explicit_ttls()}
+
+
+class Ids:
+    """One response's ids, from the request's index (deterministic)."""
+
+    def __init__(self, ex: Exchange) -> None:
+        rng = random.Random(f"openai:{ex.index}")
+        self.rng = rng
+        self.response = f"resp_{rng.getrandbits(192):048x}"
+        self.message = f"msg_{rng.getrandbits(192):048x}"
+        self.reasoning = f"rs_{rng.getrandbits(192):048x}"
+        self.function = f"fc_{rng.getrandbits(192):048x}"
+        self.call = "call_" + alnum(rng, 24)
+        self.chat = "chatcmpl-" + alnum(rng, 29)
+        self.request = f"req_{rng.getrandbits(128):032x}"
+
+
+class OpenAIAPI(App):
+    """OpenAI's API over one ``ProviderCache``; see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        model: FakeModel,
+        *,
+        machines: int = 4,
+        clock: Clock = time.time,
+        api_key: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.cache = ProviderCache(machines=machines, clock=clock)
+        self.api_key = api_key
+        self.organization = "user-fakeorg0000000000000000"
+        self.project = "proj_fakeproject000000000000"
+        self.context_window = CONTEXT_WINDOW
+        self.default_retention = "in_memory"
+        #: every response's request, by id, for diagnoses
+        self.records: dict[str, Record] = {}
+        #: responses stored (``store`` not false): their conversation as input items
+        self.stored: dict[str, list[dict[str, Any]]] = {}
+        self._unavailable = 0
+        self.add_routes(
+            {
+                ("POST", "/v1/responses"): self._responses,
+                ("POST", "/v1/chat/completions"): self._chat,
+                ("GET", "/v1/models"): self._models,
+            }
+        )
+
+    @classmethod
+    def of(cls, server: RawServer) -> Self:
+        """The app of a running fake (``OpenAIAPI.of(upstream)``)."""
+        if not isinstance(server.app, cls):
+            raise TypeError(f"{server!r} does not serve {cls.__name__}")
+        return server.app
+
+    @property
+    def clock(self) -> Clock:
+        return self.cache.clock
+
+    @clock.setter
+    def clock(self, value: Clock) -> None:
+        self.cache.clock = value
+
+    def unavailable_next(self, n: int = 1) -> None:
+        """The next ``n`` diagnoses answer ``{"type": "unavailable"}``."""
+        self._unavailable += n
+
+    # flavour hooks --------------------------------------------------------------
+
+    def base_headers(self) -> list[tuple[str, str]]:
+        return [
+            ("date", time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime())),
+            ("server", "cloudflare"),
+            ("openai-version", OPENAI_VERSION),
+            ("openai-organization", self.organization),
+            ("openai-project", self.project),
+            ("x-ratelimit-limit-requests", "10000"),
+            ("x-ratelimit-limit-tokens", "30000000"),
+            ("x-ratelimit-remaining-requests", "9999"),
+            ("x-ratelimit-remaining-tokens", "29999000"),
+            ("x-ratelimit-reset-requests", "6ms"),
+            ("x-ratelimit-reset-tokens", "2ms"),
+            ("strict-transport-security", "max-age=31536000; includeSubDomains; preload"),
+            ("x-content-type-options", "nosniff"),
+        ]
+
+    def headers(self, ex: Exchange, content_type: str) -> list[tuple[str, str]]:
+        if content_type.startswith("application/json"):
+            content_type = "application/json"
+        hdrs = super().headers(ex, content_type)
+        ids = Ids(ex)
+        d = ex.cache if isinstance(ex.cache, CacheDecision) else None
+        hdrs += [
+            ("x-request-id", ids.request),
+            ("openai-processing-ms", str(d.processing_ms if d is not None else 3)),
+            (
+                "set-cookie",
+                f"__cf_bm={alnum(ids.rng, 43)}; path=/; expires=Thu, 01 Jan 2037 00:00:00 GMT; "
+                "domain=.api.openai.com; HttpOnly; Secure; SameSite=None",
+            ),
+            ("cf-ray", f"{ids.rng.getrandbits(64):016x}-SJC"),
+        ]
+        return hdrs
+
+    def dumps(self, obj: Any) -> bytes:
+        return pretty(obj)
+
+    async def error(self, resp: Responder, path: str, status: int, message: str) -> None:
+        if status == 429:
+            body = openai_error(message, "requests", None, "rate_limit_exceeded")
+        elif status >= 500:
+            body = openai_error(message, "server_error")
+        else:
+            body = openai_error(message)
+        await self.json(resp, status, body)
+
+    async def not_found(self, resp: Responder, path: str) -> None:
+        await self.json(resp, 404, openai_error(f"Invalid URL ({resp.ex.method} {path})"))
+
+    # shared steps ------------------------------------------------------------------
+
+    async def authorized(self, resp: Responder) -> bool:
+        """Answer 401 unless the request has the bearer key; True when it has."""
+        token = bearer(resp.ex)
+        if token is None:
+            await self.json(resp, 401, openai_error(MISSING_KEY))
+            return False
+        if self.api_key is not None and token != self.api_key:
+            message = (
+                f"Incorrect API key provided: {mask(token)}. You can find your API key at "
+                "https://platform.openai.com/account/api-keys."
+            )
+            await self.json(resp, 401, openai_error(message, code="invalid_api_key"))
+            return False
+        return True
+
+    async def request_body(self, resp: Responder) -> dict[str, Any] | None:
+        """The JSON body with a ``model``, or None after answering 400."""
+        body = self.parse_json_body(resp.ex)
+        if body is None:
+            message = (
+                "We could not parse the JSON body of your request. (HINT: This likely means "
+                "you aren't using your HTTP library correctly. The OpenAI API expects a JSON "
+                "payload, but what was sent was not valid JSON.)"
+            )
+            await self.json(resp, 400, openai_error(message))
+            return None
+        if not isinstance(body.get("model"), str) or not body["model"]:
+            await self.json(
+                resp, 400, openai_error("Missing required parameter: 'model'.", param="model")
+            )
+            return None
+        return body
+
+    async def bad(self, resp: Responder, e: BadRequest) -> None:
+        await self.json(resp, 400, openai_error(e.message, param=e.param, code=e.code))
+
+    def decide(
+        self, ex: Exchange, plan: CachePlan, prompt: Any, settings: Settings
+    ) -> CacheDecision:
+        return self.cache.decide(
+            prompt,
+            settings.model,
+            settings.namespace,
+            settings.key,
+            plan.policy,
+            overflow="overflow" in ex.modes,
+            cold="cache_miss" in ex.modes,
+        )
+
+    def generate(self, ex: Exchange, chat: dict[str, Any], effort: str, ids: Ids) -> Gen:
+        """The fake model's output; OpenAI's call ids; no reasoning at effort ``none``."""
+        g = self.model.plan(ex, chat, "openai")
+        if effort == "none" and g.reasoning:
+            g.predicted_n -= len(g.reasoning)
+            g.reasoning = []
+        if g.tool is not None:
+            g.tool.id = ids.call
+        return g
+
+    def diagnosis_unavailable(self, ex: Exchange) -> bool:
+        if "diagnosis_unavailable" in ex.modes:
+            return True
+        if self._unavailable > 0:
+            self._unavailable -= 1
+            return True
+        return False
+
+    # /v1/responses -------------------------------------------------------------------
+
+    async def _responses(self, resp: Responder) -> None:
+        ex = resp.ex
+        if not await self.authorized(resp):
+            return
+        body = await self.request_body(resp)
+        if body is None:
+            return
+        history: list[dict[str, Any]] = []
+        previous = body.get("previous_response_id")
+        if previous is not None:
+            if previous not in self.stored:
+                message = f"Previous response with id '{previous}' not found."
+                error = openai_error(
+                    message, param="previous_response_id", code="previous_response_not_found"
+                )
+                await self.json(resp, 400, error)
+                return
+            history = self.stored[previous]
+        try:
+            plan = cache_plan(body["model"], body, self.default_retention)
+            prompt = responses_prompt(body, history, plan.marker)
+        except BadRequest as e:
+            await self.bad(resp, e)
+            return
+        if prompt.tokens > self.context_window or "context_error" in ex.modes:
+            message = (
+                "Your input exceeds the context window of this model. "
+                "Please adjust your input and try again."
+            )
+            error = openai_error(message, param="input", code="context_length_exceeded")
+            await self.json(resp, 400, error)
+            return
+        settings = responses_settings(body)
+        d = self.decide(ex, plan, prompt, settings)
+        ids = Ids(ex)
+        items = [*history, *input_items(body.get("input"))]
+        g = self.generate(ex, to_chat({**body, "input": items}, []), settings.reasoning_effort, ids)
+        comparison = (plan.options or {}).get("comparison_response_id")
+        if comparison is not None:
+            record = Record(settings, prompt, d.reusable)
+            old = self.records.get(str(comparison))
+            d.diagnosis = diagnose(record, old, self.diagnosis_unavailable(ex))
+        self.records[ids.response] = Record(settings, prompt, d.reusable)
+        r = ResponseBuilder(body, plan, settings, d, g, ids)
+        if body.get("store") is not False:
+            self.stored[ids.response] = [*items, *r.output()]
+        d.processing_ms = processing_ms(d, g.predicted_n)
+        ex.cache = d
+        if body.get("stream") is True:
+            n = int(ex.modes.get("error_after") or 3)
+            error = {
+                "type": "error",
+                "sequence_number": n,
+                "error": {
+                    "type": "server_error",
+                    "code": "server_error",
+                    "message": MIDSTREAM_ERROR_MESSAGE,
+                    "param": None,
+                },
+            }
+            err = b"event: error\ndata: " + compact(error) + b"\n\n"
+            await self.stream(resp, "text/event-stream; charset=utf-8", r.events(), err)
+        else:
+            await self.json(resp, 200, r.response(final=True))
+
+    # /v1/chat/completions --------------------------------------------------------------
+
+    async def _chat(self, resp: Responder) -> None:
+        ex = resp.ex
+        if not await self.authorized(resp):
+            return
+        body = await self.request_body(resp)
+        if body is None:
+            return
+        try:
+            plan = cache_plan(body["model"], body, self.default_retention)
+            prompt = chat_prompt(body, plan.marker)
+        except BadRequest as e:
+            await self.bad(resp, e)
+            return
+        if prompt.tokens > self.context_window or "context_error" in ex.modes:
+            message = (
+                f"This model's maximum context length is {self.context_window} tokens. "
+                f"However, your messages resulted in {prompt.tokens} tokens. "
+                "Please reduce the length of the messages."
+            )
+            error = openai_error(message, param="messages", code="context_length_exceeded")
+            await self.json(resp, 400, error)
+            return
+        settings = chat_settings(body)
+        d = self.decide(ex, plan, prompt, settings)
+        ids = Ids(ex)
+        g = self.generate(ex, body, settings.reasoning_effort, ids)
+        d.processing_ms = processing_ms(d, g.predicted_n)
+        ex.cache = d
+        c = ChatBuilder(body, settings, d, g, ids)
+        if body.get("stream") is True:
+            error = openai_error(MIDSTREAM_ERROR_MESSAGE, "server_error")
+            err = b"data: " + compact(error) + b"\n\n"
+            await self.stream(resp, "text/event-stream; charset=utf-8", c.events(), err)
+        else:
+            await self.json(resp, 200, c.completion())
+
+    # /v1/models --------------------------------------------------------------------------
+
+    async def _models(self, resp: Responder) -> None:
+        if not await self.authorized(resp):
+            return
+        data = [
+            {"id": m, "object": "model", "created": 1_700_000_000, "owned_by": "system"}
+            for m in MODELS
+        ]
+        await self.json(resp, 200, {"object": "list", "data": data})
+
+
+# ----------------------------------------------------------------------------- bodies
+
+
+def chat_usage(d: CacheDecision, g: Gen, explicit: bool) -> dict[str, Any]:
+    """Chat Completions' ``usage``; ``cache_write_tokens`` from GPT-5.6 on."""
+    details: dict[str, Any] = {"cached_tokens": d.read, "audio_tokens": 0}
+    if explicit:
+        details["cache_write_tokens"] = d.written
+    return {
+        "prompt_tokens": d.prompt_tokens,
+        "completion_tokens": g.predicted_n,
+        "total_tokens": d.prompt_tokens + g.predicted_n,
+        "prompt_tokens_details": details,
+        "completion_tokens_details": {
+            "reasoning_tokens": len(g.reasoning),
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
+    }
+
+
+class ResponseBuilder:
+    """The Responses object and its event stream for one request."""
+
+    def __init__(
+        self,
+        body: dict[str, Any],
+        plan: CachePlan,
+        settings: Settings,
+        d: CacheDecision,
+        g: Gen,
+        ids: Ids,
+    ) -> None:
+        self.body, self.plan, self.settings, self.d, self.g, self.ids = (
+            body,
+            plan,
+            settings,
+            d,
+            g,
+            ids,
+        )
+        reasoning = body.get("reasoning")
+        self.reasoning: dict[str, Any] = reasoning if isinstance(reasoning, dict) else {}
+        include = body.get("include")
+        self.encrypted = isinstance(include, list) and "reasoning.encrypted_content" in include
+        self.summary = self.reasoning.get("summary") is not None
+        opts = body.get("stream_options")
+        self.obfuscate = not (isinstance(opts, dict) and opts.get("include_obfuscation") is False)
+        self.incomplete = g.finish == "length"
+
+    # items -----------------------------------------------------------------------
+
+    def _reasoning_item(self, done: bool) -> dict[str, Any]:
+        item: dict[str, Any] = {"id": self.ids.reasoning, "type": "reasoning", "summary": []}
+        if done and self.summary:
+            item["summary"] = [{"type": "summary_text", "text": self.g.reasoning_text}]
+        if done and self.encrypted:
+            digest = hashlib.sha256((self.ids.response + self.g.reasoning_text).encode()).digest()
+            item["encrypted_content"] = "gAAAAA" + base64.b64encode(digest * 3).decode()
+        return item
+
+    def _text_part(self, text: str) -> dict[str, Any]:
+        return {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
+
+    def _message_item(self, done: bool) -> dict[str, Any]:
+        status = ("incomplete" if self.incomplete else "completed") if done else "in_progress"
+        content = [self._text_part(self.g.content_text)] if done else []
+        return {
+            "id": self.ids.message,
+            "type": "message",
+            "status": status,
+            "content": content,
+            "role": "assistant",
+        }
+
+    def _call_item(self, done: bool) -> dict[str, Any]:
+        assert self.g.tool is not None
+        return {
+            "id": self.ids.function,
+            "type": "function_call",
+            "status": "completed" if done else "in_progress",
+            "arguments": self.g.tool.arguments if done else "",
+            "call_id": self.g.tool.id,
+            "name": self.g.tool.name,
+        }
+
+    def output(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if self.g.reasoning:
+            out.append(self._reasoning_item(done=True))
+        if self.g.content:
+            out.append(self._message_item(done=True))
+        if self.g.tool is not None:
+            out.append(self._call_item(done=True))
+        return out
+
+    # the response ----------------------------------------------------------------
+
+    def usage(self) -> dict[str, Any]:
+        d, g = self.d, self.g
+        details: dict[str, Any] = {"cached_tokens": d.read, "cache_write_tokens": d.written}
+        if openai_explicit(self.settings.model):
+            details["cache_write_tokens_details"] = ttl_details(d)
+        return {
+            "input_tokens": d.prompt_tokens,
+            "input_tokens_details": details,
+            "output_tokens": g.predicted_n,
+            "output_tokens_details": {"reasoning_tokens": len(g.reasoning)},
+            "total_tokens": d.prompt_tokens + g.predicted_n,
+        }
+
+    def response(self, final: bool) -> dict[str, Any]:
+        """The response object: in progress (``final`` false) or finished."""
+        b, g = self.body, self.g
+        text = b.get("text") if isinstance(b.get("text"), dict) else {}
+        assert isinstance(text, dict)
+        status = "in_progress"
+        if final:
+            status = "incomplete" if self.incomplete else "completed"
+        return {
+            "id": self.ids.response,
+            "object": "response",
+            "created_at": g.created,
+            "status": status,
+            "background": False,
+            "billing": {"payer": "developer"},
+            "completed_at": g.created if final and not self.incomplete else None,
+            "error": None,
+            "incomplete_details": (
+                {"reason": "max_output_tokens"} if final and self.incomplete else None
+            ),
+            "instructions": b.get("instructions"),
+            "max_output_tokens": b.get("max_output_tokens"),
+            "max_tool_calls": b.get("max_tool_calls"),
+            "model": self.settings.model,
+            "output": self.output() if final else [],
+            "parallel_tool_calls": b.get("parallel_tool_calls") is not False,
+            "previous_response_id": b.get("previous_response_id"),
+            "prompt_cache_diagnostics": self.d.diagnosis if final else None,
+            "prompt_cache_key": b.get("prompt_cache_key"),
+            "prompt_cache_options": self.plan.options,
+            "prompt_cache_retention": self.plan.retention,
+            "reasoning": {
+                "effort": self.settings.reasoning_effort,
+                "summary": self.reasoning.get("summary"),
+            },
+            "safety_identifier": b.get("safety_identifier"),
+            "service_tier": self.settings.service_tier,
+            "store": b.get("store") is not False,
+            "temperature": b.get("temperature", 1.0),
+            "text": {
+                "format": text.get("format") or {"type": "text"},
+                "verbosity": self.settings.verbosity,
+            },
+            "tool_choice": b.get("tool_choice", "auto"),
+            "tools": b.get("tools") or [],
+            "top_logprobs": b.get("top_logprobs", 0),
+            "top_p": b.get("top_p", 1.0),
+            "truncation": b.get("truncation", "disabled"),
+            "usage": self.usage() if final else None,
+            "user": b.get("user"),
+            "metadata": b.get("metadata") or {},
+        }
+
+    # the stream -----------------------------------------------------------------
+
+    def events(self) -> list[bytes]:
+        g, ids = self.g, self.ids
+        events: list[bytes] = []
+        rng = random.Random(ids.response)
+
+        def emit(kind: str, **data: Any) -> None:
+            obj = {"type": kind, "sequence_number": len(events), **data}
+            events.append(b"event: " + kind.encode() + b"\ndata: " + compact(obj) + b"\n\n")
+
+        def obf(delta: str) -> dict[str, str]:
+            return {"obfuscation": obfuscation(rng, delta)} if self.obfuscate else {}
+
+        emit("response.created", response=self.response(final=False))
+        emit("response.in_progress", response=self.response(final=False))
+        index = 0
+        if g.reasoning:
+            at = {"output_index": index}
+            emit("response.output_item.added", **at, item=self._reasoning_item(done=False))
+            if self.summary:
+                part = {"type": "summary_text", "text": ""}
+                where = {"item_id": ids.reasoning, **at, "summary_index": 0}
+                emit("response.reasoning_summary_part.added", **where, part=part)
+                for piece in g.reasoning:
+                    emit(
+                        "response.reasoning_summary_text.delta", **where, delta=piece, **obf(piece)
+                    )
+                text = g.reasoning_text
+                emit("response.reasoning_summary_text.done", **where, text=text)
+                done_part = {"type": "summary_text", "text": text}
+                emit("response.reasoning_summary_part.done", **where, part=done_part)
+            emit("response.output_item.done", **at, item=self._reasoning_item(done=True))
+            index += 1
+        if g.content:
+            at = {"output_index": index}
+            where = {"item_id": ids.message, **at, "content_index": 0}
+            emit("response.output_item.added", **at, item=self._message_item(done=False))
+            emit("response.content_part.added", **where, part=self._text_part(""))
+            for piece in g.content:
+                emit("response.output_text.delta", **where, delta=piece, logprobs=[], **obf(piece))
+            text = g.content_text
+            emit("response.output_text.done", **where, text=text, logprobs=[])
+            emit("response.content_part.done", **where, part=self._text_part(text))
+            emit("response.output_item.done", **at, item=self._message_item(done=True))
+            index += 1
+        if g.tool is not None:
+            at = {"output_index": index}
+            where = {"item_id": ids.function, **at}
+            emit("response.output_item.added", **at, item=self._call_item(done=False))
+            for frag in g.tool.fragments:
+                emit("response.function_call_arguments.delta", **where, delta=frag, **obf(frag))
+            emit("response.function_call_arguments.done", **where, arguments=g.tool.arguments)
+            emit("response.output_item.done", **at, item=self._call_item(done=True))
+        last = "response.incomplete" if self.incomplete else "response.completed"
+        emit(last, response=self.response(final=True))
+        return events
+
+
+class ChatBuilder:
+    """The chat completion and its chunks for one request."""
+
+    def __init__(
+        self, body: dict[str, Any], settings: Settings, d: CacheDecision, g: Gen, ids: Ids
+    ) -> None:
+        self.body, self.settings, self.d, self.g, self.ids = body, settings, d, g, ids
+        opts = body.get("stream_options")
+        self.include_usage = g.include_usage
+        self.obfuscate = not (isinstance(opts, dict) and opts.get("include_obfuscation") is False)
+
+    def usage(self) -> dict[str, Any]:
+        return chat_usage(self.d, self.g, openai_explicit(self.settings.model))
+
+    def _tool_call(self) -> dict[str, Any]:
+        assert self.g.tool is not None
+        fn = {"name": self.g.tool.name, "arguments": self.g.tool.arguments}
+        return {"id": self.g.tool.id, "type": "function", "function": fn}
+
+    def completion(self) -> dict[str, Any]:
+        g = self.g
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": g.content_text or None,
+            "refusal": None,
+            "annotations": [],
+        }
+        if g.tool is not None:
+            message["tool_calls"] = [self._tool_call()]
+        return {
+            "id": self.ids.chat,
+            "object": "chat.completion",
+            "created": g.created,
+            "model": self.settings.model,
+            "choices": [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": g.finish}
+            ],
+            "usage": self.usage(),
+            "service_tier": self.settings.service_tier,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+        }
+
+    def events(self) -> list[bytes]:
+        g = self.g
+        rng = random.Random(self.ids.chat)
+        events: list[bytes] = []
+
+        def emit(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> None:
+            chunk: dict[str, Any] = {
+                "id": self.ids.chat,
+                "object": "chat.completion.chunk",
+                "created": g.created,
+                "model": self.settings.model,
+                "service_tier": self.settings.service_tier,
+                "system_fingerprint": SYSTEM_FINGERPRINT,
+                "choices": choices,
+            }
+            if self.include_usage:
+                chunk["usage"] = usage
+            if self.obfuscate:
+                delta = choices[0]["delta"] if choices else {}
+                chunk["obfuscation"] = obfuscation(rng, compact(delta).decode())
+            events.append(b"data: " + compact(chunk) + b"\n\n")
+
+        def delta(d: dict[str, Any], finish: str | None = None) -> None:
+            emit([{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}])
+
+        delta({"role": "assistant", "content": "", "refusal": None})
+        for piece in g.content:
+            delta({"content": piece})
+        if g.tool is not None:
+            head = {**self._tool_call(), "index": 0}
+            head["function"] = {"name": g.tool.name, "arguments": ""}
+            delta({"tool_calls": [head]})
+            for frag in g.tool.fragments:
+                delta({"tool_calls": [{"index": 0, "function": {"arguments": frag}}]})
+        delta({}, g.finish)
+        if self.include_usage:
+            emit([], self.usage())
+        events.append(b"data: [DONE]\n\n")
+        return events
