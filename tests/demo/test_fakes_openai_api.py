@@ -855,3 +855,27 @@ def test_flavours() -> None:
         assert isinstance(OpenRouter.of(server), OpenRouter)
     with contextlib.suppress(ValueError), Upstream("nope") as _:  # type: ignore[arg-type]
         raise AssertionError("an unknown flavour must be refused")
+
+
+def test_compact_then_continue(up: Upstream, client: openai.OpenAI) -> None:
+    text = instructions(1100)
+    first = client.responses.create(model=NEW, instructions=text, input=[USER_HI])
+    history: Any = [USER_HI, *first.output, {"role": "user", "content": "more"}]
+    second = client.responses.create(model=NEW, instructions=text, input=history)
+    compacted = client.responses.compact(model=NEW, instructions=text, input=history)
+    assert compacted.object == "response.compaction"
+    kinds = [getattr(o, "type", None) for o in compacted.output]
+    assert kinds == ["message", "message", "compaction"]  # the two user messages, then it
+    assert compacted.usage.input_tokens == decision(up).prompt_tokens
+    # sent back as the JSON it came in: the SDK types compaction output as output items
+    raw: Any = json.loads(up.last.decoded_body)["output"]
+    r = client.responses.create(
+        model=NEW,
+        instructions=text,
+        input=[*raw, {"role": "user", "content": "go on"}],
+        prompt_cache_options=compare(second),
+    )
+    d = diag(r)
+    assert d["reason"] == "context_compacted"
+    assert d["comparison_reusable_tokens"] == usage(second).input_tokens
+    assert cached(r) == 1100 + HI  # the instructions and the first message are still shared

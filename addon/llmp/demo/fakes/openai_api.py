@@ -108,6 +108,14 @@ shared faults.  Methods on ``cache`` (``ProviderCache``): ``evict()``,
 Each request's ``Exchange.cache`` is its ``CacheDecision``: machine, overflow, tokens
 read, written and kept, the diagnosis, and why a longer prefix was lost.
 
+**Compaction.** ``POST /v1/responses/compact`` (the SDK's ``responses.compact``, what
+Codex's remote compaction calls) answers ``object: "response.compaction"`` whose
+``output`` is the conversation's user messages and one ``compaction`` item
+(``encrypted_content`` derived from the prompt), with the usage of reading the prompt
+through the cache (its namespace has no tools, so it rarely reads the conversation's
+entries) and ``COMPACTION_TOKENS`` of output.  Sending that output back as ``input``
+puts a ``compaction`` segment in the prompt.
+
 Other simplifications: ``previous_response_id`` continues a stored response (400
 ``previous_response_not_found`` otherwise); the model named is the model echoed (no
 dated snapshot); ``prompt_cache_options.prewarm`` is not served; a context window of
@@ -155,6 +163,8 @@ from llmp.demo.fakes.responses import to_chat
 OPENAI_VERSION = "2020-10-01"
 SYSTEM_FINGERPRINT = "fp_fake0openai"
 CONTEXT_WINDOW = 400_000
+COMPACTION_TOKENS = 64
+"""What a compaction pass reports as its output (the summary it encrypted)."""
 MODELS = ("gpt-4o", "gpt-4.1", "gpt-5", "gpt-5-codex", "gpt-5.5", "gpt-5.6", "gpt-5.6-codex")
 MISSING_KEY = (
     "You didn't provide an API key. You need to provide your API key in an Authorization "
@@ -206,6 +216,22 @@ def obfuscation(rng: random.Random, delta: str) -> str:
     return alnum(rng, max(1, 16 - len(delta) % 16))
 
 
+def user_item(item: dict[str, Any], n: int, ids: Ids) -> dict[str, Any]:
+    """A user message as a full item (string content as one ``input_text`` part): the
+    same text, so the same prompt, when a client sends it back."""
+    content = item.get("content")
+    if isinstance(content, str):
+        content = [{"type": "input_text", "text": content}]
+    item_id = f"msg_{hashlib.sha256(f'{ids.response}:{n}'.encode()).hexdigest()[:48]}"
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": "completed",
+        "role": "user",
+        "content": content,
+    }
+
+
 def ttl_details(d: CacheDecision) -> dict[str, int]:
     """``cache_write_tokens_details``: the written tokens by time-to-live."""
     return {f"ttl_{name}_tokens": d.written_by_ttl.get(name, 0) for name in explicit_ttls()}
@@ -253,6 +279,7 @@ class OpenAIAPI(App):
         self.add_routes(
             {
                 ("POST", "/v1/responses"): self._responses,
+                ("POST", "/v1/responses/compact"): self._compact,
                 ("POST", "/v1/chat/completions"): self._chat,
                 ("GET", "/v1/models"): self._models,
             }
@@ -464,6 +491,62 @@ class OpenAIAPI(App):
             await self.stream(resp, "text/event-stream; charset=utf-8", r.events(), err)
         else:
             await self.json(resp, 200, r.response(final=True))
+
+    # /v1/responses/compact ------------------------------------------------------------
+
+    async def _compact(self, resp: Responder) -> None:
+        """The conversation's user messages, then one ``compaction`` item; the pass reads
+        the prompt through the cache like any request."""
+        ex = resp.ex
+        if not await self.authorized(resp):
+            return
+        body = await self.request_body(resp)
+        if body is None:
+            return
+        history = self.stored.get(str(body.get("previous_response_id")), [])
+        try:
+            plan = cache_plan(body["model"], body, self.default_retention)
+            prompt = responses_prompt(body, history, plan.marker)
+        except BadRequest as e:
+            await self.bad(resp, e)
+            return
+        settings = responses_settings(body)
+        d = self.decide(ex, plan, prompt, settings)
+        ids = Ids(ex)
+        items = [*history, *input_items(body.get("input"))]
+        users = [
+            user_item(i, n, ids)
+            for n, i in enumerate(items)
+            if i.get("role") == "user" and i.get("type") in (None, "message")
+        ]
+        digest = hashlib.sha256(prompt.text.encode()).digest()
+        compaction = {
+            "id": f"cmp_{ids.rng.getrandbits(192):048x}",
+            "type": "compaction",
+            "encrypted_content": "gAAAAA" + base64.b64encode(digest * 4).decode(),
+        }
+        output_tokens = COMPACTION_TOKENS
+        d.processing_ms = processing_ms(d, output_tokens)
+        ex.cache = d
+        details: dict[str, Any] = {"cached_tokens": d.read, "cache_write_tokens": d.written}
+        if openai_explicit(settings.model):
+            details["cache_write_tokens_details"] = ttl_details(d)
+        usage = {
+            "input_tokens": d.prompt_tokens,
+            "input_tokens_details": details,
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": d.prompt_tokens + output_tokens,
+        }
+        out = {
+            "id": ids.response,
+            "object": "response.compaction",
+            "created_at": int(self.clock()),
+            "output": [*users, compaction],
+            "usage": usage,
+            "service_tier": settings.service_tier,
+        }
+        await self.json(resp, 200, out)
 
     # /v1/chat/completions --------------------------------------------------------------
 
