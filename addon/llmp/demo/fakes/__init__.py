@@ -26,7 +26,8 @@ llama-server; ``ollama`` (``/api/chat``) and ``ollama_openai``
 (``/v1/chat/completions``) of Ollama; ``shared_cache`` (vLLM's and SGLang's
 ``/v1/chat/completions`` over one shared prefix cache). The cloud: ``provider_cache``
 (a provider's prompt cache and its decisions), ``openai_prompt`` (how OpenAI sees a
-request), ``openai_api`` (OpenAI's ``/v1/responses`` and ``/v1/chat/completions``) and
+request), ``openai_api`` (OpenAI's ``/v1/responses`` and ``/v1/chat/completions``; their bodies in
+``openai_bodies``) and
 ``openrouter`` (the gateway). ``dead`` holds the addresses where no server answers.
 """
 
