@@ -119,7 +119,9 @@ puts a ``compaction`` segment in the prompt.
 Other simplifications: ``previous_response_id`` continues a stored response (400
 ``previous_response_not_found`` otherwise); the model named is the model echoed (no
 dated snapshot); ``prompt_cache_options.prewarm`` is not served; a context window of
-``context_window`` tokens (400,000).
+``context_window`` tokens (400,000); ``in_memory`` is accepted for every model (the SDK
+says GPT-5.5 and later support only ``24h``), so a test can drive the 5-minute rule on
+any model before GPT-5.6.
 """
 
 from __future__ import annotations

@@ -375,6 +375,9 @@ class ProviderCache:
         cold: bool,
     ) -> CacheDecision:
         home = int(route, 16) % self._machines
+        if len(self._rate) > MAX_ENTRIES:  # forget routes idle for a whole window
+            for r in [r for r, q in self._rate.items() if not q or now - q[-1] >= RATE_WINDOW_S]:
+                del self._rate[r]
         stamps = self._rate.setdefault(route, deque())
         while stamps and now - stamps[0] >= RATE_WINDOW_S:
             stamps.popleft()
