@@ -1,5 +1,6 @@
 """Fake model servers, for `llmp demo` and the tests: llama.cpp ``llama-server`` (chat,
-Anthropic Messages, Responses), Ollama, vLLM, SGLang, and Anthropic's own API.
+Anthropic Messages, Responses), Ollama, vLLM, SGLang, and the cloud: Anthropic's API,
+OpenAI's API and OpenRouter.
 
 They speak the wire formats of ``shared/spec/wire-formats.md`` (the llmp contract) byte for
 byte, from a raw asyncio stream server on 127.0.0.1 in a daemon thread, so a
@@ -23,9 +24,12 @@ cache), then one module per API: ``llama`` (chat and side endpoints),
 ``anthropic`` (``/v1/messages``) and ``responses`` (``/v1/responses``) of
 llama-server; ``ollama`` (``/api/chat``) and ``ollama_openai``
 (``/v1/chat/completions``) of Ollama; ``shared_cache`` (vLLM's and SGLang's
-``/v1/chat/completions`` over one shared prefix cache); ``anthropic_api`` (Anthropic's own
-Messages API, over ``anthropic_cache``, its documented prompt cache). ``dead`` holds the
-addresses where no server answers.
+``/v1/chat/completions`` over one shared prefix cache). The cloud: ``anthropic_api``
+(Anthropic's own Messages API, over ``anthropic_cache``, its documented prompt cache),
+``provider_cache`` (a provider's prompt cache and its decisions), ``openai_prompt`` (how
+OpenAI sees a request), ``openai_api`` (OpenAI's ``/v1/responses`` and
+``/v1/chat/completions``; their bodies in ``openai_bodies``) and ``openrouter`` (the
+gateway). ``dead`` holds the addresses where no server answers.
 """
 
 from __future__ import annotations
@@ -62,6 +66,9 @@ from llmp.demo.fakes.modes import (
 )
 from llmp.demo.fakes.ollama import OLLAMA_LOAD_NS, OLLAMA_VERSION, Ollama, go_dumps
 from llmp.demo.fakes.ollama_openai import OllamaOpenAI
+from llmp.demo.fakes.openai_api import OpenAIAPI
+from llmp.demo.fakes.openrouter import OpenRouter
+from llmp.demo.fakes.provider_cache import CacheDecision, ManualClock, ProviderCache
 from llmp.demo.fakes.raw import App, RawServer
 from llmp.demo.fakes.responses import OpenAIResponses
 from llmp.demo.fakes.shared_cache import PrefixCache, SharedCacheServer
@@ -85,14 +92,19 @@ __all__ = [
     "TOOL_ARG_FRAGMENTS",
     "AnthropicAPI",
     "BlackHole",
+    "CacheDecision",
     "ClosedPort",
     "Decision",
     "Entry",
     "Exchange",
     "FakeModel",
     "Flavor",
+    "ManualClock",
+    "OpenAIAPI",
+    "OpenRouter",
     "PrefixCache",
     "PromptCache",
+    "ProviderCache",
     "SharedCacheServer",
     "Upstream",
     "count_tokens",
@@ -116,6 +128,10 @@ def _app(
         return AnthropicAPI(model, clock=clock)
     if flavor == "vllm" or flavor == "sglang":
         return SharedCacheServer(model, flavor, capacity=capacity, cache_report=cache_report)
+    if flavor == "openai-api":
+        return OpenAIAPI(model)
+    if flavor == "openrouter":
+        return OpenRouter(model)
     if flavor == "llama":
         llama = Llama(model)
         llama.add_routes(AnthropicMessages(llama).routes())
@@ -131,8 +147,9 @@ def _default_n_ctx(flavor: Flavor) -> int:
 
 
 class Upstream(RawServer):
-    """A fake llama-server (``flavor="llama"``), Ollama (``"ollama"``), vLLM, SGLang, or
-    Anthropic's API (``"anthropic-api"``).
+    """A fake llama-server (``flavor="llama"``), Ollama (``"ollama"``), vLLM, SGLang,
+    Anthropic's API (``"anthropic-api"``), OpenAI's API (``"openai-api"``) or OpenRouter
+    (``"openrouter"``).
 
     vLLM and SGLang keep one shared prefix cache of ``capacity`` tokens, and
     report its hits only with ``cache_report`` (their servers' flags).
@@ -141,7 +158,9 @@ class Upstream(RawServer):
 
     Runs until ``close()`` (or the end of the ``with`` block). ``log`` is the
     list of ``Exchange`` in arrival order. llama-server serves chat,
-    ``/v1/messages`` and ``/v1/responses`` from the same model and slot.
+    ``/v1/messages`` and ``/v1/responses`` from the same model and slot. The cloud
+    fakes keep their own caches: ``OpenAIAPI.of(up)`` and ``OpenRouter.of(up)`` reach
+    them (``cache``, ``clock``, …).
     """
 
     def __init__(
@@ -157,7 +176,15 @@ class Upstream(RawServer):
         cache_report: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if flavor not in ("llama", "ollama", "vllm", "sglang", "anthropic-api"):
+        if flavor not in (
+            "llama",
+            "ollama",
+            "vllm",
+            "sglang",
+            "anthropic-api",
+            "openai-api",
+            "openrouter",
+        ):
             raise ValueError(f"unknown flavor {flavor!r}")
         self.flavor: Flavor = flavor
         self.model = FakeModel(

@@ -48,8 +48,9 @@ class Exchange:
     #: pending, complete, error_event (midstream error sent, clean end), died,
     #: reset, hung, no_response, short_body, client_gone, cancelled
     outcome: str = "pending"
-    #: the fake's own cache decision, where it keeps a provider's cache: an
-    #: ``anthropic_cache.Decision`` on the ``anthropic-api`` fake, else None
+    #: a cloud provider fake's cache decision for this request: an
+    #: ``anthropic_cache.Decision`` on ``anthropic-api``, a ``provider_cache.CacheDecision``
+    #: on ``openai-api`` and ``openrouter``; None elsewhere
     cache: Any = None
     done: threading.Event = field(default_factory=threading.Event, repr=False)
 

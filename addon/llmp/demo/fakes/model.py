@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from llmp.demo.fakes.exchange import Exchange
 
-Flavor = Literal["llama", "ollama", "vllm", "sglang", "anthropic-api"]
+Flavor = Literal["llama", "ollama", "vllm", "sglang", "anthropic-api", "openai-api", "openrouter"]
 
 REPLY_TEXT: dict[str, str] = {
     "llama": "Hello from fake llama",
@@ -26,6 +26,8 @@ REPLY_TEXT: dict[str, str] = {
     "vllm": "Hello from fake vllm",
     "sglang": "Hello from fake sglang",
     "anthropic-api": "Hello from fake anthropic",
+    "openai-api": "Hello from fake openai",
+    "openrouter": "Hello from fake openrouter",
 }
 REASONING_TEXT = "Let me think about it."
 TOOL_ARGS: dict[str, Any] = {"city": "Tokyo"}

@@ -42,11 +42,13 @@ MODES: dict[str, str] = {
     "prompt_eval_cached_count and prompt_eval_count = evaluated part only; llama "
     "/v1/messages: no cache_read_input_tokens, input_tokens = whole prompt; llama "
     "/v1/responses: no input_tokens_details, no timings",
-    "cache_miss": "report no cached prompt tokens for this request; anthropic-api: this "
-    "request reads nothing (the entries stay, its breakpoints write)",
+    "cache_miss": "report no cached prompt tokens for this request; cloud fakes: this "
+    "request reads nothing (anthropic-api: the entries stay, its breakpoints write)",
     "evict": "anthropic-api: before this request looks, drop every cached entry, or "
     "=POSITION only those at that block position (the provider's own eviction)",
     "diagnosis_pending": "anthropic-api: diagnostics not ready yet ({'cache_miss_reason': null})",
+    "overflow": "cloud fakes, OpenAI before GPT-5.6: this request overflows to another machine",
+    "diagnosis_unavailable": "cloud fakes: a diagnosis asked for answers 'unavailable'",
     "draft": "=PERCENT: llama timings gain draft_n (2 per generated token) and "
     "draft_n_accepted (PERCENT of them, default 75), as with --model-draft",
     "close": "answer with Connection: close and close the connection afterwards",
