@@ -187,6 +187,25 @@ def test_first_write_then_full_read(
     assert entry.position == 0 and entry.tokens == SYSTEM_N and entry.ttl == "5m"
 
 
+def test_the_billing_line_is_no_part_of_the_cache_key(
+    up: Upstream, stack: contextlib.ExitStack
+) -> None:
+    """Claude Code's first system block changes between requests and the API still reads
+    the prefix behind it (R35); any other first block that changes misses."""
+    c = client(stack, up.url)
+
+    def body(first: str) -> dict[str, Any]:
+        return req(system=[{"type": "text", "text": first}, block(SYSTEM_N, "s", CC)])
+
+    line = "x-anthropic-billing-header: cc_version=2.1.332.{}; cc_entrypoint=cli;"
+    n = math.ceil(len(line.format("7c2")) / 4)
+    assert turn(c, body(line.format("7c2"))) == (0, n + SYSTEM_N, 0, 1)
+    assert turn(c, body(line.format("d41"))) == (n + SYSTEM_N, 0, 0, 1)
+    other = "a session id that changes: 7c2;"
+    turn(c, body(other))
+    assert turn(c, body(other.replace("7c2", "d41")))[0] == 0
+
+
 def test_moving_breakpoint_reads_through_the_lookback(
     up: Upstream, stack: contextlib.ExitStack
 ) -> None:

@@ -35,7 +35,10 @@ tool definition), ``cache_control`` removed at every depth. Key order counts:
 a block's JSON is taken byte for byte. Thinking blocks of messages before the
 last user message with content other than tool results are not in the prompt
 (documented: new user content drops earlier thinking, so the messages tier
-misses from there).
+misses from there).  Claude Code's billing line (a first system block
+``x-anthropic-billing-header: …``) is in the prompt but in no entry's key:
+the API reads the prefix behind it whatever it says (R35; first-party hit
+ratios near 0.99 are reported with a per-request hash in that line).
 
 **Breakpoints.** ``cache_control: {"type": "ephemeral", "ttl": "5m" | "1h"}``
 (default 5m) on a tool, a system block or a message's content block. Refused

@@ -66,6 +66,17 @@ def _sha(*parts: str) -> str:
     return h.hexdigest()
 
 
+BILLING_PREFIX = "x-anthropic-billing-header:"
+
+
+def billing_line(block: dict[str, Any]) -> bool:
+    """Claude Code's first system block, `x-anthropic-billing-header: cc_version=…;`: its
+    text changes between requests, and the API still reads the prefix behind it (first-party
+    hit ratios near 0.99 are reported with a per-request hash in it; wire-formats.md)."""
+    text = block.get("text")
+    return block.get("type") == "text" and isinstance(text, str) and text.startswith(BILLING_PREFIX)
+
+
 def block_tokens(block: dict[str, Any]) -> int:
     """The fake tokenizer on one block (``cache_control`` removed): a text block counts its
     text, any other block its compact JSON; one token per four characters, rounded up."""
@@ -326,7 +337,12 @@ def parse_prompt(body: dict[str, Any]) -> Prompt:
         plain = strip_cache_control(raw.block)
         tokens = block_tokens(plain)
         end += tokens
-        digest = _sha(raw.tier, raw.role, "start" if starts else "", canonical(plain))
+        if raw.where == "system.0" and billing_line(plain):
+            # Claude Code's per-request billing line: the API reads the prefix behind it
+            # whatever it says (R35), so it is no part of any entry's key.
+            digest = _sha(raw.tier, raw.role, "billing")
+        else:
+            digest = _sha(raw.tier, raw.role, "start" if starts else "", canonical(plain))
         chain = _sha(chain, digest)
         kind = str(plain.get("type") or ("tool" if raw.tier == "tools" else ""))
         blocks.append(Block(raw.tier, raw.where, kind, digest, chain, tokens, end, raw.ttl))
