@@ -156,7 +156,7 @@ def test_moving_a_marker_changes_the_cache_digest_not_the_hashes() -> None:
     api = AnthropicMessages()
 
     def body(at: int) -> dict[str, Any]:
-        content = [{"type": "text", "text": t} for t in ("a", "b")]
+        content: list[dict[str, Any]] = [{"type": "text", "text": t} for t in ("a", "b")]
         content[at]["cache_control"] = EPHEMERAL
         return {"model": "m", "messages": [{"role": "user", "content": content}]}
 

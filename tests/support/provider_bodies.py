@@ -7,11 +7,15 @@ their shapes are the providers'.  Shared by the unit, e2e and privacy tests.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 import anthropic.types
+import openai.types.chat
 import openai.types.responses
+
+from tests.support.hardening import Handler, chunked, response_head
 
 Mark = Callable[[str], str]
 """Makes a piece of free text that must never reach a digest recording."""
@@ -147,3 +151,209 @@ def anthropic_message(mark: Mark, diagnostics: Any = "miss") -> dict[str, Any]:
         mode="json", exclude_unset=True
     )
     return checked
+
+
+# -- a provider upstream: what Anthropic's and OpenAI's APIs answer, headers included --
+
+ANTHROPIC_REQUEST_ID = "req_011CXprov1der"
+OPENAI_REQUEST_ID = "req_8f1e2d3c4b5a"
+
+
+def provider_headers(api: str, secret: str) -> dict[str, str]:
+    """The response headers a provider sends beside the body (wire-formats.md); the
+    account and rate-limit values hold `secret`, which no recording may hold."""
+    if api == "anthropic":
+        return {
+            "request-id": ANTHROPIC_REQUEST_ID,
+            "anthropic-organization-id": f"org-{secret}",
+            "anthropic-workspace-id": f"wrkspc-{secret}",
+            "anthropic-ratelimit-tokens-remaining": f"{secret}-tokens",
+            "anthropic-ratelimit-requests-reset": f"{secret}-reset",
+            "cf-ray": f"{secret}-ray",
+            "set-cookie": f"__cf_bm={secret}; HttpOnly",
+        }
+    return {
+        "x-request-id": OPENAI_REQUEST_ID,
+        "openai-processing-ms": "412",
+        "openai-version": "2020-10-01",
+        "openai-organization": f"user-{secret}",
+        "openai-project": f"proj_{secret}",
+        "x-ratelimit-remaining-tokens": f"{secret}-left",
+        "set-cookie": f"__cf_bm={secret}; HttpOnly",
+    }
+
+
+def _sse(kind: str, data: dict[str, Any]) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def anthropic_events(mark: Mark) -> list[bytes]:
+    """A streamed message: the diagnosis on `message_start` (R37), text, the end."""
+    start = anthropic_message(mark)
+    del start["content"]
+    start.update(content=[], stop_reason=None)
+    return [
+        _sse("message_start", {"type": "message_start", "message": start}),
+        _sse(
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+        ),
+        _sse(
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": mark("streamed-text")},
+            },
+        ),
+        _sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        _sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": 5},
+            },
+        ),
+        _sse("message_stop", {"type": "message_stop"}),
+    ]
+
+
+def responses_events(mark: Mark) -> list[bytes]:
+    """A streamed Responses answer: `response.created` (the echo already in it), a text
+    delta, `response.completed` with the whole object."""
+    full = openai_response(mark)
+    created = {**full, "status": "in_progress", "output": [], "usage": None}
+    item = {
+        "type": "message",
+        "id": "msg_1",
+        "role": "assistant",
+        "status": "in_progress",
+        "content": [],
+    }
+    return [
+        _sse(
+            "response.created",
+            {"type": "response.created", "sequence_number": 0, "response": created},
+        ),
+        _sse(
+            "response.output_item.added",
+            {
+                "type": "response.output_item.added",
+                "sequence_number": 1,
+                "output_index": 0,
+                "item": item,
+            },
+        ),
+        _sse(
+            "response.output_text.delta",
+            {
+                "type": "response.output_text.delta",
+                "sequence_number": 2,
+                "item_id": "msg_1",
+                "output_index": 0,
+                "content_index": 0,
+                "delta": mark("streamed-delta"),
+                "logprobs": [],
+            },
+        ),
+        _sse(
+            "response.completed",
+            {"type": "response.completed", "sequence_number": 3, "response": full},
+        ),
+    ]
+
+
+def chat_events(mark: Mark) -> list[bytes]:
+    """A streamed chat completion whose usage comes in a last chunk (`include_usage`),
+    with OpenRouter's `cost` and `cache_discount` beside the counts."""
+    base = {
+        "id": "gen-1",
+        "object": "chat.completion.chunk",
+        "created": 1796116471,
+        "model": "gpt-5.6",
+    }
+    chunks = [
+        {
+            **base,
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": mark("chat")}}],
+        },
+        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {
+            **base,
+            "choices": [],
+            "usage": {
+                "prompt_tokens": 2048,
+                "completion_tokens": 3,
+                "total_tokens": 2051,
+                "prompt_tokens_details": {"cached_tokens": 1024, "cache_write_tokens": 0},
+                "cost": 0.0042,
+                "cache_discount": 0.0011,
+            },
+        },
+    ]
+    return [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
+
+
+def chat_completion(mark: Mark) -> dict[str, Any]:
+    """A whole chat completion, checked by the `openai` SDK's model."""
+    body = {
+        "id": "gen-2",
+        "object": "chat.completion",
+        "created": 1796116471,
+        "model": "gpt-5.6",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": mark("chat")},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 2048,
+            "completion_tokens": 3,
+            "total_tokens": 2051,
+            "prompt_tokens_details": {"cached_tokens": 1024},
+        },
+    }
+    return openai.types.chat.ChatCompletion.model_validate(body).model_dump(
+        mode="json", exclude_unset=True
+    )
+
+
+def provider_handler(mark: Mark, secret: str) -> Handler:
+    """A `tests.support.hardening.RawUpstream` handler that answers like the providers:
+    `/v1/messages` as Anthropic, `/v1/responses` and `/v1/chat/completions` as OpenAI,
+    streamed or not as the request asks."""
+
+    def handle(method: str, target: str, body: bytes) -> tuple[list[bytes], str]:
+        request = json.loads(body) if body else {}
+        path = target.split("?", 1)[0]
+        api = "anthropic" if path.endswith("/v1/messages") else "openai"
+        headers = provider_headers(api, secret)
+        if request.get("stream"):
+            if api == "anthropic":
+                events = anthropic_events(mark)
+            elif path.endswith("/v1/responses"):
+                events = responses_events(mark)
+            else:
+                events = chat_events(mark)
+            return [
+                response_head(200, "text/event-stream", extra=headers),
+                *chunked(events),
+            ], "keep"
+        if api == "anthropic":
+            reply = anthropic_message(mark)
+        elif path.endswith("/v1/responses"):
+            reply = openai_response(mark)
+        else:
+            reply = chat_completion(mark)
+        data = json.dumps(reply).encode()
+        head = response_head(200, "application/json", length=len(data), extra=headers)
+        return [head, data], "keep"
+
+    return handle
