@@ -456,3 +456,40 @@ def test_odd_provider_values_read_alike(where: tuple[str, ...], value: Any, tmp_
             assert value not in (upstream, added, cache)  # read as absent
             assert response_headers is None or "request-id" not in response_headers
     assert went_plain > 0
+
+
+@pytest.mark.parametrize("number", [b"1.50", b"-0", b"2E3", b"123456789012345678901234567890"])
+def test_full_and_digest_records_give_the_same_cache(number: bytes, tmp_path: Path) -> None:
+    """A full record's `cache` is computed from its body, numbers kept as text (R2); it
+    reads as the digest record of the same request reads, on the fast path or not."""
+    from llmp.apis import api_for
+    from llmp.format import canonical
+    from llmp.format.lines import parse_line
+
+    path = sc.claude_code_session().write(tmp_path / "full.jsonl", "full")
+    compared = 0
+    for line in path.read_bytes().splitlines():
+        rec = canonical.loads(line)
+        req = rec["request"]
+        api = api_for(req["method"], req["path"])
+        if api is None or not isinstance(req["body"], dict) or rec["error"] is not None:
+            continue
+        req["body"]["speed"] = canonical.loads(number)
+        req["body"]["prompt_cache_retention"] = canonical.loads(number)
+        full_line = canonical.record_dumps(rec)
+        req["digest"], req["body"] = api.request_digest(req["body"]), None
+        resp = rec["response"]
+        if resp is None or resp["body"] is None or resp["status"] != 200:
+            continue
+        resp["digest"], resp["body"] = api.response_digest(resp["body"]), None
+        digest_line = canonical.record_dumps(rec)
+        full = exchange.digested(parse_line(full_line) or {})
+        got = read_record(digest_line)
+        digest = got if isinstance(got, Digested) else exchange.digested(got or {})
+        assert isinstance(full, Digested) and isinstance(digest, Digested)
+        assert full.rec.request.digest is not None and digest.rec.request.digest is not None
+        cache = full.rec.request.digest.cache
+        assert cache is not None and cache.settings is not None
+        assert cache == digest.rec.request.digest.cache
+        compared += 1
+    assert compared >= 3

@@ -18,6 +18,7 @@ from llmp.analysis.identity import NO_SESSIONS, Sessions, client_name, is_retry,
 from llmp.analysis.overflow import Refusal, refusal_of
 from llmp.apis import ChatApi, api_for, request_digest_of, response_digest_of, strip_query
 from llmp.apis.openai_chat import OpenAIChat
+from llmp.format.canonical import record_dumps
 from llmp.format.fastread import (
     NULL,
     CallRef,
@@ -151,6 +152,10 @@ def cache_of(cache: Any) -> FastCache | None:
     try:
         return msgspec.convert(cache, FastCache)
     except (msgspec.ValidationError, TypeError, RecursionError):
+        pass
+    try:  # a full body's digest keeps number text (R2): read it as its digest line would be
+        return msgspec.convert(orjson.loads(record_dumps(cache)), FastCache)
+    except (msgspec.ValidationError, TypeError, RecursionError, orjson.JSONDecodeError):
         return None
 
 
