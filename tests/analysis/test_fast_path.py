@@ -351,3 +351,145 @@ def test_another_servers_usage_is_not_decoded_twice_a_line(
     got = [read_record(line) for line in lines]
     assert sum(isinstance(g, Digested) for g in got) >= 10
     assert len(tried) <= 2, len(tried)
+
+
+# -- R34, R35, R37: the provider fields stay on the fast path and read alike -----------
+
+PROVIDER_HEADERS = {
+    "request-id": "req_011CX",
+    "anthropic-organization-id": "fnv1a:0123456789abcdef",
+    "anthropic-ratelimit-tokens-remaining": "",
+    "anthropic-ratelimit-unified-5h-utilization": "",
+    "openai-processing-ms": "412",
+}
+
+
+def _provider_lines(path: Path) -> list[bytes]:
+    lines = []
+    for i, line in enumerate(path.read_bytes().splitlines()):
+        rec = orjson.loads(line)
+        rec["request"]["upstream"] = "api.anthropic.com"
+        rec["request"]["added"] = ["diagnostics"] if i % 2 else None
+        rec["request"]["headers"]["anthropic-beta"] = "cache-diagnosis-2026-04-07"
+        if isinstance(rec.get("response"), dict):
+            rec["response"]["headers"].update(PROVIDER_HEADERS)
+        lines.append(record_dumps(rec) + b"\n")
+    return lines
+
+
+def _new_fields(d: Any) -> tuple[Any, ...]:
+    req, resp = d.request, d.response
+    cache = req.digest.cache if req.digest is not None else None
+    return req.upstream, req.added, req.headers, resp.headers if resp else None, cache
+
+
+def test_provider_fields_read_alike(tmp_path: Path) -> None:
+    """`request.upstream`, `request.added`, R34's response headers (rate limits by name,
+    a set no struct lists) and R35's `cache` leave every line on the fast path, and the
+    plain path carries the same values."""
+    plain = sc.both_agents().write(tmp_path / "plain.jsonl", "digest")
+    lines = _provider_lines(plain)
+    path = tmp_path / "provider.jsonl"
+    path.write_bytes(b"".join(lines))
+    assert fast_lines(path) == fast_lines(plain) > 0
+    assert report_bytes([path], fast=True) == report_bytes([path], fast=False)
+    caches = 0
+    for line in lines:
+        fast = read_record(line)
+        if not isinstance(fast, Digested):
+            continue
+        slow = exchange.digested(orjson.loads(line))
+        assert isinstance(slow, Digested)
+        if fast.api is None:
+            continue
+        assert _new_fields(fast.rec) == _new_fields(slow.rec)
+        assert fast.rec.request.upstream == "api.anthropic.com"
+        assert fast.rec.response is not None and fast.rec.response.headers is not None
+        assert fast.rec.response.headers["anthropic-ratelimit-tokens-remaining"] == ""
+        cache = fast.rec.request.digest.cache if fast.rec.request.digest else None
+        assert cache is not None and cache.blocks is not None
+        assert len(cache.blocks) == len(fast.msgs)
+        caches += 1
+    assert caches >= 5
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        (("request", "upstream"), 7),
+        (("request", "added"), ["diagnostics", 3]),
+        (("request", "added"), "diagnostics"),
+        (("response", "headers", "request-id"), 12),
+        (("request", "digest", "cache", "blocks"), [1, "2"]),
+        (("request", "digest", "cache", "blocks"), [1, 2**64]),
+        (("request", "digest", "cache", "settings"), {"thinking": {"type": "x"}}),
+        (("request", "digest", "cache", "breakpoints"), [{"at": "tools", "index": 0}]),
+        (("request", "digest", "cache", "options"), {"mode": "explicit", "extra": 1}),
+        (("request", "digest", "cache", "extra"), 1),
+        (("request", "digest", "cache"), "none"),
+    ],
+)
+def test_odd_provider_values_read_alike(where: tuple[str, ...], value: Any, tmp_path: Path) -> None:
+    """A value of another type sends the line the plain way, which reads it as absent."""
+    plain = sc.claude_code_session().write(tmp_path / "plain.jsonl", "digest")
+    lines = []
+    for line in plain.read_bytes().splitlines():
+        rec = orjson.loads(line)
+        parent = rec
+        for key in where[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else None
+        if isinstance(parent, dict):
+            parent[where[-1]] = value
+        lines.append(json.dumps(rec, separators=(",", ":")).encode() + b"\n")
+    path = tmp_path / "odd.jsonl"
+    path.write_bytes(b"".join(lines))
+    assert report_bytes([path], fast=True) == report_bytes([path], fast=False)
+    went_plain = 0
+    for line in lines:
+        got = read_record(line)
+        if isinstance(got, Digested) or got is None:
+            continue
+        slow = exchange.digested(got)
+        if isinstance(slow, Digested) and slow.api is not None:
+            went_plain += 1
+            upstream, added, _, response_headers, cache = _new_fields(slow.rec)
+            assert value not in (upstream, added, cache)  # read as absent
+            assert response_headers is None or "request-id" not in response_headers
+    assert went_plain > 0
+
+
+@pytest.mark.parametrize("number", [b"1.50", b"-0", b"2E3", b"123456789012345678901234567890"])
+def test_full_and_digest_records_give_the_same_cache(number: bytes, tmp_path: Path) -> None:
+    """A full record's `cache` is computed from its body, numbers kept as text (R2); it
+    reads as the digest record of the same request reads, on the fast path or not."""
+    from llmp.apis import api_for
+    from llmp.format import canonical
+    from llmp.format.lines import parse_line
+
+    path = sc.claude_code_session().write(tmp_path / "full.jsonl", "full")
+    compared = 0
+    for line in path.read_bytes().splitlines():
+        rec = canonical.loads(line)
+        req = rec["request"]
+        api = api_for(req["method"], req["path"])
+        if api is None or not isinstance(req["body"], dict) or rec["error"] is not None:
+            continue
+        req["body"]["speed"] = canonical.loads(number)
+        req["body"]["prompt_cache_retention"] = canonical.loads(number)
+        full_line = canonical.record_dumps(rec)
+        req["digest"], req["body"] = api.request_digest(req["body"]), None
+        resp = rec["response"]
+        if resp is None or resp["body"] is None or resp["status"] != 200:
+            continue
+        resp["digest"], resp["body"] = api.response_digest(resp["body"]), None
+        digest_line = canonical.record_dumps(rec)
+        full = exchange.digested(parse_line(full_line) or {})
+        got = read_record(digest_line)
+        digest = got if isinstance(got, Digested) else exchange.digested(got or {})
+        assert isinstance(full, Digested) and isinstance(digest, Digested)
+        assert full.rec.request.digest is not None and digest.rec.request.digest is not None
+        cache = full.rec.request.digest.cache
+        assert cache is not None and cache.settings is not None
+        assert cache == digest.rec.request.digest.cache
+        compared += 1
+    assert compared >= 3

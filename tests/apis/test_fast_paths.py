@@ -174,10 +174,25 @@ JSON = st.recursive(
     max_leaves=12,
 )
 ROLES = st.sampled_from(["system", "user", "assistant", "tool", None, 3])
+MARKER = st.fixed_dictionaries({}, optional={"ttl": JSON, "type": st.just("ephemeral")}) | JSON
+PART = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "image", "tool_result", "input_text"])},
+    optional={
+        "text": st.text(max_size=4),
+        "cache_control": MARKER,
+        "prompt_cache_breakpoint": MARKER,
+        "content": st.lists(
+            st.fixed_dictionaries({"type": st.just("image")}, optional={"cache_control": MARKER}),
+            max_size=2,
+        ),
+    },
+)
+"""A content block with R35's cache markers, nested ones and images (R35's `cache`)."""
 MESSAGE = st.fixed_dictionaries(
     {"role": ROLES},
     optional={
-        "content": st.text(max_size=20) | st.lists(JSON, max_size=3) | JSON,
+        "content": st.text(max_size=20) | st.lists(PART | JSON, max_size=3) | JSON,
+        "output": st.lists(PART, max_size=2),
         "tool_calls": st.lists(JSON, max_size=2),
         "tool_call_id": st.text(max_size=5),
         "name": st.text(max_size=5),
@@ -191,11 +206,30 @@ BODY = st.fixed_dictionaries(
     optional={
         "model": st.text(max_size=6) | JSON,
         "stream": st.booleans() | JSON,
-        "tools": st.lists(JSON, max_size=3) | JSON,
-        "system": st.text(max_size=10) | st.lists(JSON, max_size=2),
+        "tools": st.lists(
+            st.fixed_dictionaries({"name": st.text(max_size=3)}, optional={"cache_control": MARKER})
+            | JSON,
+            max_size=3,
+        )
+        | JSON,
+        "system": st.text(max_size=10) | st.lists(PART | JSON, max_size=2),
         "instructions": st.text(max_size=10),
         "max_tokens": st.integers(-5, 1 << 66),
         "response_format": JSON,
+        # R35's `cache`: the top-level fields it reads
+        "cache_control": MARKER,
+        "prompt_cache_key": st.text(max_size=6) | JSON,
+        "prompt_cache_retention": JSON,
+        "prompt_cache_options": st.fixed_dictionaries(
+            {}, optional={"mode": JSON, "ttl": JSON, "comparison_response_id": JSON}
+        )
+        | JSON,
+        "stream_options": st.fixed_dictionaries({}, optional={"include_usage": JSON}) | JSON,
+        "thinking": JSON,
+        "tool_choice": JSON,
+        "reasoning": st.fixed_dictionaries({}, optional={"effort": JSON}) | JSON,
+        "text": st.fixed_dictionaries({}, optional={"verbosity": JSON, "format": JSON}) | JSON,
+        "speed": JSON,
     },
 )
 

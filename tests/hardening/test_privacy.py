@@ -28,9 +28,15 @@ from typing import Any
 import httpx
 import pytest
 
-from llmp.format.schema import SERVER_HEADERS
+from llmp.format.schema import (
+    ACCOUNT_HEADERS,
+    NAME_ONLY_PREFIXES,
+    PROVIDER_HEADERS,
+    SERVER_HEADERS,
+)
 from tests.support.hardening import RawUpstream, chunked, response_head
 from tests.support.mitm import Mitmdump, wait_for_records
+from tests.support.provider_bodies import provider_handler
 from tests.support.upstreams import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -148,7 +154,15 @@ def _sse(obj: dict[str, Any]) -> bytes:
 
 def _raw_handler(method: str, target: str, body: bytes) -> tuple[list[bytes], str]:
     """Responses full of markers, in every place a server may put text."""
-    extra = {"X-Request-Id": m("resp-request-id"), "Set-Cookie": f"session={SECRET}; HttpOnly"}
+    extra = {
+        # R34 keeps a provider's request id verbatim (an id, not text), an account only
+        # hashed, a rate limit by its name alone, and no other header.
+        "X-Request-Id": "req_9d8c7b6a",
+        "OpenAI-Organization": m("resp-org"),
+        "Anthropic-Ratelimit-Tokens-Remaining": m("resp-ratelimit"),
+        f"X-{MARK}-Resp": m("resp-header"),
+        "Set-Cookie": f"session={SECRET}; HttpOnly",
+    }
     if target.startswith("/err/"):
         payload = json.dumps({"error": {"message": m("error-body")}}).encode()
         return [
@@ -387,10 +401,12 @@ def test_full_recording_holds_no_credentials_even_with_proxyauth(
     assert MARK.encode() in data  # full mode keeps bodies: the check above is not vacuous
     assert len([r for r in records if r["request"]["body"] is not None]) >= n - 2
     r15 = {"user-agent", "content-type", "content-length", "transfer-encoding"}
+    # A response also keeps `server` (a program's name) and R34's provider headers.
+    r34 = set(SERVER_HEADERS + PROVIDER_HEADERS + ACCOUNT_HEADERS)
     for rec in records:
         assert set(rec["request"].get("headers", {})) <= r15
-        # A response also keeps the `server` header: it names a program, not a person.
-        assert set((rec["response"] or {}).get("headers", {})) <= r15 | set(SERVER_HEADERS)
+        for name, value in ((rec["response"] or {}).get("headers", {})).items():
+            assert name in r15 | r34 or (name.startswith(NAME_ONLY_PREFIXES) and value == "")
 
 
 def test_recordings_are_created_0600_whatever_the_umask(
@@ -423,3 +439,142 @@ def wait_for_default(directory: Path) -> Path:
             wait_for_records(path, 1)
             return path
     raise AssertionError(f"no default recording in {directory}: {sorted(os.listdir(directory))}")
+
+
+# -- cloud providers (R34, R35, R37): the cache fields, the echo, the diagnosis ---------
+
+
+def _provider_bodies() -> dict[str, dict[str, Any]]:
+    """Requests with text in every field R35's `cache` digest reads, and elsewhere."""
+    odd_marker = {"type": "ephemeral", "ttl": m("ttl")}
+    return {
+        "/v1/messages": {
+            "model": "claude-sonnet-4-6",
+            "max_tokens": 16,
+            "system": [{"type": "text", "text": m("a-system"), "cache_control": odd_marker}],
+            "tools": [
+                {
+                    "name": "get_weather",
+                    "description": m("a-tool"),
+                    "input_schema": {"type": "object", "description": m("a-schema")},
+                    "cache_control": odd_marker,
+                }
+            ],
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": m("a-user"), "cache_control": odd_marker},
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "toolu_1",
+                            "content": [
+                                {"type": "text", "text": m("a-result"), "cache_control": odd_marker}
+                            ],
+                        },
+                    ],
+                }
+            ],
+            "tool_choice": {"type": "tool", "name": "get_weather", "note": m("a-choice")},
+            "thinking": {"type": "enabled", "budget_tokens": 1024, "note": m("a-thinking")},
+            "speed": m("a-speed"),
+            "metadata": {"user_id": m("a-user-id")},
+            "stop_sequences": [m("a-stop")],
+            "cache_control": odd_marker,
+            "diagnostics": {"previous_message_id": m("a-previous")},
+        },
+        "/v1/responses": {
+            "model": "gpt-5.6",
+            "instructions": m("r-instructions"),
+            "input": [
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "input_text",
+                            "text": m("r-input"),
+                            "prompt_cache_breakpoint": {"mode": m("r-mode"), "ttl": m("r-ttl")},
+                        }
+                    ],
+                },
+                {
+                    "type": "function_call_output",
+                    "call_id": "c",
+                    "output": [{"type": "input_text", "text": m("r-out")}],
+                },
+            ],
+            "text": {
+                "verbosity": m("r-verbosity"),
+                "format": {"type": "json_schema", "schema": {"description": m("r-schema")}},
+            },
+            "reasoning": {"effort": m("r-effort"), "summary": "auto"},
+            "prompt_cache_key": m("r-key"),
+            "prompt_cache_retention": m("r-retention"),
+            "prompt_cache_options": {
+                "mode": m("r-mode"),
+                "ttl": "30m",
+                "comparison_response_id": m("r-compare"),
+            },
+            "service_tier": m("r-tier"),
+            "metadata": {"k": m("r-metadata")},
+            "user": m("r-user"),
+            "safety_identifier": m("r-safety"),
+        },
+        "/v1/chat/completions": {
+            "model": "anthropic/claude-sonnet-4.6",
+            "messages": [
+                {
+                    "role": "system",
+                    "content": [
+                        {"type": "text", "text": m("c-system"), "cache_control": odd_marker}
+                    ],
+                },
+                {"role": "user", "content": m("c-user")},
+            ],
+            "reasoning_effort": m("c-effort"),
+            "verbosity": m("c-verbosity"),
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"description": m("c-schema")},
+            },
+            "stream_options": {"include_usage": True},
+            "prompt_cache_key": m("c-key"),
+        },
+    }
+
+
+def test_provider_traffic_leaves_no_text_and_no_account(tmp_path: Path) -> None:
+    """A provider's exchanges, each free-text field marked: in the request's cache
+    fields, in OpenAI's echo of it, in Anthropic's diagnosis; accounts and rate limits
+    in the response headers. Nothing of it reaches a digest recording."""
+    path = tmp_path / "provider.jsonl"
+    n = 0
+    with (
+        RawUpstream(provider_handler(m, SECRET)) as up,
+        Mitmdump(None, path, {"llmp_body": "digest"}, mode="regular") as proxy,
+        httpx.Client(proxy=proxy.url, trust_env=False, timeout=30, headers=HEADERS) as c,
+    ):
+        for target, body in _provider_bodies().items():
+            for stream in (False, True):
+                r = c.post(up.url + target, json={**body, "stream": stream})
+                assert r.status_code == 200 and MARK in r.text  # the provider answered text
+                n += 1
+        records = wait_for_records(path, n, timeout=20)
+        log = proxy.log_text()
+    _assert_clean(path.read_bytes(), "provider digest recording", markers=True)
+    _assert_clean(log.encode(), "proxy log", markers=True)
+    # Not vacuous: the cache digests and the diagnoses were written, without their text.
+    caches = [r["request"]["digest"]["cache"] for r in records]
+    assert all(c is not None and c["breakpoints"] for c in caches[:4])
+    assert {
+        r["response"]["headers"].get("anthropic-ratelimit-tokens-remaining") for r in records[:2]
+    } == {""}
+    diagnoses = [r["response"]["digest"]["usage"].get("diagnostics") for r in records[:2]]
+    assert (
+        diagnoses
+        == [{"cache_miss_reason": {"type": "system_changed", "cache_missed_input_tokens": 4096}}]
+        * 2
+    )
+    echoes = [r["response"]["digest"]["usage"] for r in records[2:4]]
+    assert all(e["prompt_cache_diagnostics"]["type"] == "cache_miss" for e in echoes)

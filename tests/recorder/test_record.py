@@ -7,7 +7,13 @@ import json
 
 from llmp.apis.openai_chat import OpenAIChat
 from llmp.format import canonical
-from llmp.recorder.capture import Capture, keep_headers
+from llmp.recorder.capture import (
+    Capture,
+    keep_headers,
+    keep_request_headers,
+    keep_response_headers,
+    upstream_host,
+)
 from llmp.recorder.record import build_record
 
 CHAT_BODY = (
@@ -70,6 +76,80 @@ def test_keep_headers_only_four_and_joins_repeats() -> None:
         "content-type": "application/json",
         "transfer-encoding": "chunked, gzip",
     }
+
+
+def _fnv_tag(data: bytes) -> str:
+    """R32's `fnv1a:<16 hex>` of a value's bytes."""
+    return "fnv1a:" + canonical.hash_bytes(data)
+
+
+def test_provider_response_headers_r34() -> None:
+    """Ids and versions verbatim, accounts hashed, rate limits by name only, nothing else."""
+    pairs = [
+        ("Request-Id", "req_011CXabc"),
+        ("X-Request-Id", "req_8f1e"),
+        ("openai-processing-ms", "412"),
+        ("OpenAI-Version", "2020-10-01"),
+        ("anthropic-organization-id", "org-SECRET-1"),
+        ("Anthropic-Workspace-Id", "wrkspc_SECRET-2"),
+        ("openai-organization", "user-SECRET-3"),
+        ("openai-project", "proj_SECRET-4"),
+        ("anthropic-ratelimit-tokens-remaining", "38000"),
+        ("Anthropic-Ratelimit-Requests-Reset", "2026-12-01T00:00:00Z"),
+        ("anthropic-ratelimit-unified-status", "allowed"),
+        ("x-ratelimit-remaining-tokens", "99"),  # OpenAI's: not named, not kept
+        ("set-cookie", "__cf_bm=SECRET-5"),
+        ("cf-ray", "8f00"),
+        ("server", "cloudflare"),
+        ("content-type", "application/json"),
+    ]
+    kept = keep_response_headers(pairs)
+    assert kept == {
+        "content-type": "application/json",
+        "request-id": "req_011CXabc",
+        "x-request-id": "req_8f1e",
+        "openai-processing-ms": "412",
+        "openai-version": "2020-10-01",
+        "anthropic-organization-id": _fnv_tag(b"org-SECRET-1"),
+        "anthropic-workspace-id": _fnv_tag(b"wrkspc_SECRET-2"),
+        "openai-organization": _fnv_tag(b"user-SECRET-3"),
+        "openai-project": _fnv_tag(b"proj_SECRET-4"),
+        "anthropic-ratelimit-tokens-remaining": "",
+        "anthropic-ratelimit-requests-reset": "",
+        "anthropic-ratelimit-unified-status": "",
+        "server": "cloudflare",
+    }
+    assert "SECRET" not in json.dumps(kept)
+    # The request side keeps none of them: a client's x-request-id is its own.
+    assert keep_request_headers(pairs) == {"content-type": "application/json"}
+
+
+def test_anthropic_beta_kept_verbatim_on_the_request_only() -> None:
+    beta = "claude-code-20250219,interleaved-thinking-2025-05-14"
+    pairs = [("Anthropic-Beta", beta), ("anthropic-beta", "effort-2025-11-24")]
+    assert keep_request_headers(pairs) == {"anthropic-beta": f"{beta}, effort-2025-11-24"}
+    assert keep_response_headers(pairs) == {}
+
+
+def test_upstream_and_added_are_written() -> None:
+    rec = build_record(_cap(upstream="API.anthropic.com", added=["diagnostics"]), "digest")
+    assert rec["request"]["upstream"] == "API.anthropic.com"  # as mitmproxy resolved it
+    assert rec["request"]["added"] == ["diagnostics"]
+    rec = build_record(_cap(), "full")
+    assert rec["request"]["upstream"] is None and rec["request"]["added"] is None
+    keys = list(rec["request"])
+    assert keys.index("upstream") == keys.index("path") + 1 and keys[-1] == "added"
+
+
+def test_upstream_is_the_host_alone() -> None:
+    assert upstream_host("api.openai.com") == "api.openai.com"
+    assert upstream_host("user:pw@api.openai.com:443") == "api.openai.com"
+    assert upstream_host("127.0.0.1:8080") == "127.0.0.1"
+    assert upstream_host("::1") == "::1"
+    assert upstream_host("[::1]:443") == "::1"
+    assert upstream_host("") is None
+    for host in ("api.openai.com", "::1", "10.0.0.2"):
+        assert upstream_host(upstream_host(host) or "") == upstream_host(host)  # idempotent
 
 
 def test_full_stream_record() -> None:

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import socket
+import ssl
 import statistics
 import struct
 import subprocess
@@ -375,16 +376,19 @@ Handler = Callable[[str, str, bytes], tuple[list[bytes], str]]
 class RawUpstream:
     """A 127.0.0.1 HTTP/1.1 server that writes exactly the bytes a handler returns."""
 
-    def __init__(self, handler: Handler, delay: float = 0.0) -> None:
+    def __init__(
+        self, handler: Handler, delay: float = 0.0, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.handler = handler
         self.delay = delay
+        self.tls = tls  # a server context: each connection speaks HTTPS
         self.requests: list[tuple[str, str, bytes]] = []
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
         self._sock.listen(64)
         self.port: int = self._sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self._closed = False
         self._conns: list[socket.socket] = []
         self._thread = threading.Thread(target=self._accept, name="raw-upstream", daemon=True)
@@ -402,6 +406,8 @@ class RawUpstream:
     def _serve(self, conn: socket.socket) -> None:
         buf = b""
         try:
+            if self.tls is not None:
+                conn = self.tls.wrap_socket(conn, server_side=True)
             while True:
                 while b"\r\n\r\n" not in buf:
                     data = conn.recv(65536)

@@ -18,10 +18,12 @@ from llmp.analysis.identity import NO_SESSIONS, Sessions, client_name, is_retry,
 from llmp.analysis.overflow import Refusal, refusal_of
 from llmp.apis import ChatApi, api_for, request_digest_of, response_digest_of, strip_query
 from llmp.apis.openai_chat import OpenAIChat
+from llmp.format.canonical import record_dumps
 from llmp.format.fastread import (
     NULL,
     CallRef,
     DigestRecord,
+    FastCache,
     FastOutput,
     FastParams,
     FastRequestDigest,
@@ -45,6 +47,7 @@ from llmp.format.fastread import (
 )
 from llmp.format.lines import parse_line
 from llmp.format.measure import ESTIMATE, MV, TOKENIZER, estimate
+from llmp.format.schema import NAMING_HEADERS, SESSION_HEADERS
 
 _HASH = operator.itemgetter("hash")
 SYSTEM_ROLES = frozenset(("system", "developer"))
@@ -116,14 +119,11 @@ def _probe(req: dict[str, Any], api: ChatApi) -> Probe | None:
     return Probe(ua, names, tuple(sys))
 
 
-_PLAIN_HEADERS = frozenset(("user-agent", "content-type", "content-length", "transfer-encoding"))
-"""R15's headers, which say nothing of a client's identity but its user-agent."""
-
 _HEADER_FIELDS = tuple((f.name, f.encode_name) for f in msgspec.structs.fields(Headers))
 """`Headers`' fields with their header names (`headers_of`)."""
 
 _IDENTITY_FIELDS = tuple(
-    (a, name) for a, name in _HEADER_FIELDS if name not in _PLAIN_HEADERS and name != "server"
+    (a, name) for a, name in _HEADER_FIELDS if name in NAMING_HEADERS or name in SESSION_HEADERS
 )
 """`Headers`' fields of R32, with their header names."""
 
@@ -134,6 +134,29 @@ def headers_of(headers: Any) -> Headers | None:
     if type(headers) is not dict:
         return None
     return Headers(**{a: v for a, name in _HEADER_FIELDS if type(v := headers.get(name)) is str})
+
+
+def response_headers_of(headers: Any) -> dict[str, str] | None:
+    """A parsed record's response headers as the fast path decodes them: those whose
+    value is a string (the fast path reads a line only when every value is one)."""
+    if type(headers) is not dict:
+        return None
+    return {k: v for k, v in headers.items() if type(v) is str}
+
+
+def cache_of(cache: Any) -> FastCache | None:
+    """A parsed request digest's `cache` (R35) as the fast path decodes it, or None
+    where that decode would refuse it (the fast path then reads the line this way)."""
+    if cache is None:
+        return None
+    try:
+        return msgspec.convert(cache, FastCache)
+    except (msgspec.ValidationError, TypeError, RecursionError):
+        pass
+    try:  # a full body's digest keeps number text (R2): read it as its digest line would be
+        return msgspec.convert(orjson.loads(record_dumps(cache)), FastCache)
+    except (msgspec.ValidationError, TypeError, RecursionError, orjson.JSONDecodeError):
+        return None
 
 
 def identity(headers: Headers | None) -> tuple[str | None, Sessions, bool]:
@@ -616,7 +639,7 @@ def prepare(
         retry=retry,
         requested_model=requested,
         served_model=served if type(served) is str and served else requested or "unknown",
-        server=(rh.server or None) if (rh := resp.headers) is not None else None,
+        server=(rh.get("server") or None) if (rh := resp.headers) is not None else None,
         msgs=msgs,
         hashes=rec.hashes,
         n_sys=n_sys,
@@ -719,6 +742,8 @@ def digested(rec: dict[str, Any]) -> Digested | Skip:
             else None,
         )
     stream = resp.get("stream")
+    upstream = req.get("upstream")  # R34; absent in recordings made before it
+    added = req.get("added")
     tfb = rec.get("t_first_byte_ms")
     tfe = rec.get("t_first_event_ms")  # R28; absent in recordings made before it
     te = rec.get("t_end_ms")
@@ -729,6 +754,7 @@ def digested(rec: dict[str, Any]) -> Digested | Skip:
         request=Request(
             method=method,
             path=path,
+            upstream=upstream if type(upstream) is str else None,
             headers=headers_of(req.get("headers")),
             digest=FastRequestDigest(
                 model=model if type(model) is str else None,
@@ -739,14 +765,16 @@ def digested(rec: dict[str, Any]) -> Digested | Skip:
                     previous_response=params.get("previous_response") is True,
                 ),
                 tools_hash=th if isinstance(th, str) else None,
+                cache=cache_of(digest.get("cache")),
             ),
+            added=added if type(added) is list and all(type(a) is str for a in added) else None,
         ),
         t_first_byte_ms=tfb if type(tfb) is int else None,
         t_first_event_ms=tfe if type(tfe) is int else None,
         t_end_ms=te if type(te) is int else None,
         response=Response(
             status=status,
-            headers=headers_of(resp.get("headers")),
+            headers=response_headers_of(resp.get("headers")),
             stream=None if stream is None else stream if type(stream) is str else "",
             digest=FastResponseDigest(output=output),
         ),

@@ -16,8 +16,13 @@ from llmp.apis.base import (
     ChatApi,
     CountHints,
     Counts,
+    Marks,
+    content_marks,
+    diagnosis_safe,
     digest_message,
+    enum_value,
     first_int,
+    hashed_setting,
     int_index,
     is_set,
     last_non_null,
@@ -184,6 +189,29 @@ class AnthropicMessages(ChatApi):
     def item_digest(self, item: Any) -> MessageDigest:
         return _item_with_text(item)[0]
 
+    # R35: `cache_control` on a tool, a system block or a content block (or on a block
+    # inside a tool result) is a breakpoint; a string content is one block.
+    cache_markers = (CACHE_CONTROL,)
+
+    def leading_marks(self, body: dict[str, Any]) -> list[Marks]:
+        """The `system` value as `_system_with_text` makes it messages: one block each."""
+        system = body.get("system")
+        if isinstance(system, str):
+            return [Marks(1)]
+        if isinstance(system, list):
+            return [content_marks([b], self.cache_markers) for b in system]
+        return []
+
+    def cache_settings(self, body: dict[str, Any], marks: list[Marks]) -> dict[str, Any]:
+        """R35's Anthropic settings: `tool_choice` and `thinking` hashed, the images in
+        the messages counted, `speed` as sent."""
+        return {
+            "tool_choice": hashed_setting(body.get("tool_choice")),
+            "thinking": hashed_setting(body.get("thinking")),
+            "images": sum(m.images for m in marks),
+            "speed": enum_value(body.get("speed")),
+        }
+
     def tool_json(self, tool: Any) -> bytes:
         """A tool definition (or the tools array) as canonical JSON, without markers."""
         return dumps(strip_cache_control(tool))
@@ -201,8 +229,14 @@ class AnthropicMessages(ChatApi):
         return MessagesMerger()
 
     def response_digest(self, body: dict[str, Any]) -> ResponseDigest:
-        """R24: every top-level field but `content`; the reply is the message itself."""
+        """R24: every top-level field but `content`; the reply is the message itself.
+
+        R37: `diagnostics` keeps only its structure, the miss reason's `type` and its
+        token counts (`diagnosis_safe`): digest mode writes no text.
+        """
         usage = {k: v for k, v in body.items() if k != "content"}
+        if "diagnostics" in usage:
+            usage["diagnostics"] = diagnosis_safe(usage["diagnostics"])
         content = body.get("content")
         blocks: list[Any] = (
             [{"type": "text", "text": content}]

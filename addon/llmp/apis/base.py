@@ -15,14 +15,24 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import msgspec
 
 from llmp.format import canonical
-from llmp.format.canonical import EMPTY_HASH, dumps, hash_bytes, hash_text
+from llmp.format.canonical import (
+    EMPTY_HASH,
+    dumps,
+    hash_bytes,
+    hash_text,
+    tagged_text,
+    tagged_value,
+)
 from llmp.format.measure import MV, SERVER
 from llmp.format.schema import (
+    CacheBreakpoint,
+    CacheDigest,
+    CacheOptions,
     MessageDigest,
     Params,
     RequestDigest,
@@ -42,13 +52,22 @@ __all__ = [
     "CountHints",
     "Counts",
     "DigestCache",
+    "Marks",
     "Merger",
+    "ToolsOf",
+    "cache_options",
+    "content_marks",
+    "diagnosis_safe",
     "digest_message",
     "edge_hashes",
+    "enum_only",
+    "enum_value",
     "first_int",
+    "hashed_setting",
     "int_index",
     "is_set",
     "make_tool_digest",
+    "marker_list",
     "nonneg",
     "nonneg_int",
     "nonneg_number",
@@ -151,29 +170,102 @@ class ChatApi:
     def request_digest(
         self,
         body: dict[str, Any],
-        items: list[MessageDigest] | None = None,
-        tools_of: tuple[list[ToolDigest], str | None] | None = None,
+        items: list[tuple[MessageDigest, Marks]] | None = None,
+        tools_of: ToolsOf | None = None,
     ) -> RequestDigest:
         """The request digest of a body (an object), in R4's shape for every API.
 
-        `items`: the digests of the items of `body[messages_key]`, and
-        `tools_of`: `tools_digest` of `body["tools"]`, already taken
+        `items`: the digests of the items of `body[messages_key]`, with their
+        `Marks`, and `tools_of`: `tools_of` of `body["tools"]`, already taken
         (`request_digest_bytes`); the body need not hold those values then.
         What differs by API is asked of its hooks: `messages_with_text` (or
-        `leading_with_text` before `items`), `tools_digest` and `params`.
+        `leading_with_text` before `items`), `tools_digest`, `params`, and for
+        R35's `cache` `item_marks` (`leading_marks`), `cache_markers` and
+        `cache_settings`.
         """
         if items is None:
             messages = [d for d, _ in self.messages_with_text(body)]
+            marks = self.messages_marks(body)
         else:
-            messages = [d for d, _ in self.leading_with_text(body)] + items
+            messages = [d for d, _ in self.leading_with_text(body)]
+            messages += [d for d, _ in items]
+            marks = self.leading_marks(body) + [m for _, m in items]
         model = body.get("model")
-        tools, tools_hash = self.tools_digest(body.get("tools")) if tools_of is None else tools_of
+        tools, tools_hash, tool_breaks = (
+            self.tools_of(body.get("tools")) if tools_of is None else tools_of
+        )
         return {
             "model": model if isinstance(model, str) else None,
             "params": self.params(body),
             "messages": messages,
             "tools": tools,
             "tools_hash": tools_hash,
+            "cache": self.cache_digest(body, marks, tool_breaks),
+        }
+
+    def tools_of(self, tools: Any) -> ToolsOf:
+        """`tools_digest` of a body's `tools` value, and the tools' cache markers."""
+        digests, tools_hash = self.tools_digest(tools)
+        return digests, tools_hash, marker_list(tools, self.cache_markers)
+
+    # -- R35: what the request tells a provider's prompt cache ---------------------
+
+    cache_markers: ClassVar[tuple[str, ...]] = ()
+    """The keys of a block (or tool) that mark a cache breakpoint in this API."""
+
+    def item_marks(self, item: Any) -> Marks:
+        """The `Marks` of one item of the body's `messages_key` array, any JSON value:
+        its content's blocks (a string is one), and the markers on them."""
+        content = item.get("content") if isinstance(item, dict) else None
+        return content_marks(content, self.cache_markers)
+
+    def leading_marks(self, body: dict[str, Any]) -> list[Marks]:
+        """The `Marks` of what `leading_with_text` gives (none by default)."""
+        return []
+
+    def messages_marks(self, body: dict[str, Any]) -> list[Marks]:
+        """The `Marks` of each digest message, in `messages_with_text`'s order."""
+        marks = self.leading_marks(body)
+        items = body.get(self.messages_key)
+        if isinstance(items, list):
+            marks.extend(self.item_marks(item) for item in items)
+        return marks
+
+    def cache_settings(self, body: dict[str, Any], marks: list[Marks]) -> dict[str, Any]:
+        """The API's settings whose change misses a provider's cache (R35), every key
+        always present (None when not sent); none by default."""
+        return {}
+
+    def cache_digest(
+        self, body: dict[str, Any], marks: list[Marks], tool_breaks: list[tuple[int, Any]]
+    ) -> CacheDigest | None:
+        """R35's `cache`: the breakpoints in prompt order, the blocks per message, the
+        settings, and the cache fields of the body, without any text."""
+        breakpoints: list[CacheBreakpoint] = [
+            {"at": "tools", "index": i, "block": 0, "ttl": ttl} for i, ttl in tool_breaks
+        ]
+        for index, mark in enumerate(marks):
+            breakpoints.extend(
+                {"at": "messages", "index": index, "block": block, "ttl": ttl}
+                for block, ttl in mark.breaks
+            )
+        auto = body.get("cache_control")
+        key = body.get("prompt_cache_key")
+        stream_options = body.get("stream_options")
+        include = stream_options.get("include_usage") if isinstance(stream_options, dict) else None
+        return {
+            "breakpoints": breakpoints,
+            "auto": {"ttl": enum_value(auto.get("ttl"))} if isinstance(auto, dict) else None,
+            "blocks": [mark.blocks for mark in marks],
+            "settings": self.cache_settings(body, marks),
+            "key": None
+            if key is None
+            else tagged_text(key)
+            if isinstance(key, str)
+            else tagged_value(key),
+            "retention": enum_value(body.get("prompt_cache_retention")),
+            "options": cache_options(body.get("prompt_cache_options")),
+            "include_usage": include if isinstance(include, bool) else None,
         }
 
     def leading_with_text(self, body: dict[str, Any]) -> list[tuple[MessageDigest, str]]:
@@ -258,17 +350,18 @@ class ChatApi:
             tools_key = _TOOLS + bytes(raw_tools)
             tools_of = cache.get(tools_key)
             if tools_of is None:
-                tools_of = self.tools_digest(canonical.loads(tools_key[1:], depth=1))
+                tools_of = self.tools_of(canonical.loads(tools_key[1:], depth=1))
                 cache.put(tools_key, tools_of)
-        digests: list[MessageDigest] = []
+        items: list[tuple[MessageDigest, Marks]] = []
         for raw in _ITEMS.decode(raw_items):  # not an array: raises, the plain way
             item = bytes(raw)
-            digest = cache.get(item)
-            if digest is None:
-                digest = self.item_digest(canonical.loads(item, depth=2))
-                cache.put(item, digest)
-            digests.append(digest)
-        return self.request_digest(body, digests, tools_of)
+            entry = cache.get(item)
+            if entry is None:
+                value = canonical.loads(item, depth=2)
+                entry = (self.item_digest(value), self.item_marks(value))
+                cache.put(item, entry)
+            items.append(entry)
+        return self.request_digest(body, items, tools_of)
 
     def merger(self) -> Merger:
         """A fresh merger for one streamed response."""
@@ -307,6 +400,21 @@ class ChatApi:
 
     def __repr__(self) -> str:
         return f"<api {self.name}>"
+
+
+ToolsOf = tuple[list[ToolDigest], str | None, list[tuple[int, Any]]]
+"""A tools value's digests, `tools_hash`, and its markers (`ChatApi.tools_of`)."""
+
+
+class Marks(NamedTuple):
+    """What one digest message tells a provider's prompt cache (R35), no text."""
+
+    blocks: int
+    """Its content blocks: a string is one (Anthropic's lookback counts blocks)."""
+    breaks: tuple[tuple[int, Any], ...] = ()
+    """`(block, ttl)` of each cache marker in it, in order."""
+    images: int = 0
+    """Its `image` blocks (Anthropic: images added or removed miss the cache)."""
 
 
 # -- the digest cache --------------------------------------------------------------
@@ -464,6 +572,114 @@ def nonneg(d: dict[str, Any], key: str) -> int | None:
     """`d[key]` when it is a non-negative integer."""
     v = d.get(key)
     return v if type(v) is int and v >= 0 else None
+
+
+_ENUM = re.compile(r"[A-Za-z0-9_.:-]{0,64}")
+
+
+def enum_value(value: Any) -> Any:
+    """A setting as the digest keeps it: null, a bool, a number or a short enum-like
+    string verbatim; anything else (a longer string, one with spaces, an object)
+    as `fnv1a:<16 hex>` of its canonical JSON, since it could hold text."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str) and _ENUM.fullmatch(value):
+        return value
+    return tagged_value(value)
+
+
+def hashed_setting(value: Any) -> str | None:
+    """A setting that may hold text or a schema: `fnv1a:<16 hex>` of its canonical JSON,
+    or None when it was not sent (or null)."""
+    return None if value is None else tagged_value(value)
+
+
+def enum_only(value: Any) -> Any:
+    """`enum_value` without the hash: a value that is not an enum-like scalar is MISSING
+    (dropped), for a response, which keeps no hash of what it does not need."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str) and _ENUM.fullmatch(value):
+        return value
+    return MISSING
+
+
+def diagnosis_safe(value: Any) -> Any:
+    """A provider's cache diagnosis (R37) without any text: objects keep their numbers,
+    booleans and nulls, their `type` and `reason` (enum-like strings) and their nested
+    objects so filtered; every other string, and every array, goes.  A value that is no
+    object is kept only when it is a number, a boolean or null."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if isinstance(item, dict):
+                out[key] = diagnosis_safe(item)
+            elif isinstance(item, str):
+                if key in ("type", "reason") and _ENUM.fullmatch(item):
+                    out[key] = item
+            elif item is None or isinstance(item, (bool, int, float)):
+                out[key] = item
+        return out
+    return value if value is None or isinstance(value, (bool, int, float)) else None
+
+
+def cache_options(options: Any) -> CacheOptions | None:
+    """`prompt_cache_options`: `mode` and `ttl` as enums, and whether it names a
+    response to compare with (the response's id is not kept)."""
+    if not isinstance(options, dict):
+        return None
+    return {
+        "mode": enum_value(options.get("mode")),
+        "ttl": enum_value(options.get("ttl")),
+        "comparison": options.get("comparison_response_id") is not None,
+    }
+
+
+def _marker(block: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    """The `ttl` of a block's cache marker (None when the marker has none), or MISSING
+    when it carries none: a marker is an object under one of `keys`."""
+    for key in keys:
+        marker = block.get(key)
+        if isinstance(marker, dict):
+            return enum_value(marker.get("ttl"))
+    return MISSING
+
+
+def marker_list(values: Any, keys: tuple[str, ...]) -> list[tuple[int, Any]]:
+    """`(index, ttl)` of the objects of a list that carry a cache marker."""
+    if not keys or not isinstance(values, list):
+        return []
+    out = []
+    for i, value in enumerate(values):
+        if isinstance(value, dict) and (ttl := _marker(value, keys)) is not MISSING:
+            out.append((i, ttl))
+    return out
+
+
+def content_marks(content: Any, keys: tuple[str, ...], extra_blocks: int = 0) -> Marks:
+    """The `Marks` of a content value: a string is one block, an array has its elements;
+    a marker on a block, or on a block nested in its own `content` (an Anthropic tool
+    result's), is a breakpoint at that block."""
+    if isinstance(content, str):
+        return Marks(1 + extra_blocks)
+    if not isinstance(content, list):
+        return Marks(extra_blocks)
+    breaks: list[tuple[int, Any]] = []
+    images = 0
+    for b, block in enumerate(content):
+        if not isinstance(block, dict):
+            continue
+        images += block.get("type") == "image"
+        inner = block.get("content")
+        if isinstance(inner, list):
+            for sub in inner:
+                if isinstance(sub, dict):
+                    images += sub.get("type") == "image"
+                    if keys and (ttl := _marker(sub, keys)) is not MISSING:
+                        breaks.append((b, ttl))
+        if keys and (ttl := _marker(block, keys)) is not MISSING:
+            breaks.append((b, ttl))
+    return Marks(len(content) + extra_blocks, tuple(breaks), images)
 
 
 def edge_hashes(text: str) -> tuple[str, str]:

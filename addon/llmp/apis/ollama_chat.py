@@ -9,9 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmp.apis.base import CountHints, Counts, last_non_null, nonneg_int, nonneg_number
+from llmp.apis.base import (
+    CountHints,
+    Counts,
+    Marks,
+    last_non_null,
+    nonneg_int,
+    nonneg_number,
+)
 from llmp.apis.openai_chat import OpenAIChat
 from llmp.format.measure import ESTIMATE, MV, SERVER, weakest
+from llmp.format.schema import CacheDigest
 
 __all__ = ["NDJSONMerger", "OllamaChat", "ollama_counts"]
 
@@ -25,6 +33,12 @@ class OllamaChat(OpenAIChat):
 
     def matches(self, method: str, path: str) -> bool:
         return path == "/api/chat"
+
+    def cache_digest(
+        self, body: dict[str, Any], marks: list[Marks], tool_breaks: list[tuple[int, Any]]
+    ) -> CacheDigest | None:
+        """No provider's cache behind `/api/chat`: R35's `cache` is null."""
+        return None
 
     def merger(self) -> NDJSONMerger:  # type: ignore[override]
         return NDJSONMerger()

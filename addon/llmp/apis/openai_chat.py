@@ -16,9 +16,13 @@ from llmp.apis.base import (
     ChatApi,
     CountHints,
     Counts,
+    Marks,
+    content_marks,
     digest_message,
+    enum_value,
     first_int,
     first_non_empty,
+    hashed_setting,
     index_of,
     is_set,
     last_non_null,
@@ -169,6 +173,36 @@ class OpenAIChat(ChatApi):
         return message_digest(item)
 
     tool_name = staticmethod(tool_name)
+
+    # R35: `cache_control` on a content part (OpenRouter passes it on to Anthropic's
+    # models) and GPT-5.6's `prompt_cache_breakpoint` are breakpoints.
+    cache_markers = ("cache_control", "prompt_cache_breakpoint")
+
+    def item_marks(self, item: Any) -> Marks:
+        """The content's blocks (a string is one, null none), and one per tool call: a
+        gateway sends each as a block of its own to Anthropic's models."""
+        if not isinstance(item, dict):
+            return Marks(0)
+        calls = item.get("tool_calls")
+        return content_marks(
+            item.get("content"), self.cache_markers, len(calls) if isinstance(calls, list) else 0
+        )
+
+    def cache_settings(self, body: dict[str, Any], marks: list[Marks]) -> dict[str, Any]:
+        """R35's OpenAI settings, as Chat Completions names them: `reasoning_effort` (or
+        a gateway's `reasoning.effort`), `verbosity`, `response_format` (hashed: it may
+        hold a schema), `parallel_tool_calls`, `service_tier`."""
+        effort = body.get("reasoning_effort")
+        reasoning = body.get("reasoning")
+        if effort is None and isinstance(reasoning, dict):
+            effort = reasoning.get("effort")
+        return {
+            "reasoning_effort": enum_value(effort),
+            "verbosity": enum_value(body.get("verbosity")),
+            "text_format": hashed_setting(body.get("response_format")),
+            "parallel_tool_calls": enum_value(body.get("parallel_tool_calls")),
+            "service_tier": enum_value(body.get("service_tier")),
+        }
 
     def max_tokens(self, body: dict[str, Any]) -> int | None:
         options = body.get("options")

@@ -11,18 +11,26 @@ from __future__ import annotations
 from typing import Any
 
 from llmp.apis.base import (
+    MISSING,
     ChatApi,
     CountHints,
     Counts,
+    Marks,
+    cache_options,
+    content_marks,
+    diagnosis_safe,
     digest_message,
+    enum_only,
+    enum_value,
     first_int,
+    hashed_setting,
     int_index,
     is_set,
     nonneg,
     text_of,
 )
 from llmp.apis.openai_chat import timings_into
-from llmp.format.canonical import dumps
+from llmp.format.canonical import dumps, tagged_text, tagged_value
 from llmp.format.schema import (
     MessageDigest,
     Params,
@@ -35,6 +43,7 @@ __all__ = [
     "ResponsesMerger",
     "item_text",
     "reasoning_text",
+    "response_top",
     "responses_counts",
 ]
 
@@ -135,8 +144,94 @@ def _tool_name(tool: Any) -> Any:
     return name
 
 
-_NOT_COUNTERS = frozenset(("output", "output_text", "instructions", "input", "tools", "prompt"))
-"""Top-level fields of a response that are no counters: the reply, and the request echoed."""
+_KEPT_STRINGS = frozenset(
+    (
+        "id",
+        "object",
+        "status",
+        "model",
+        "service_tier",
+        "truncation",
+        "previous_response_id",
+        "prompt_cache_retention",
+    )
+)
+"""Top-level strings of a response kept verbatim: ids, states and names, never text."""
+_KEPT_OBJECTS = frozenset(("usage", "timings", "error", "incomplete_details"))
+"""Top-level objects kept verbatim: the counters (OpenAI's `usage`, llama-server's
+`timings`) and what went wrong."""
+
+
+def _settings_only(value: Any) -> dict[str, Any]:
+    """An object's enum-like scalars (`enum_only`); every other value goes."""
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, item in value.items() if (v := enum_only(item)) is not MISSING}
+
+
+def _numbers_only(value: Any) -> Any:
+    """An object's numbers, booleans and nulls, at every depth; no string, no array."""
+    if isinstance(value, dict):
+        return {
+            k: _numbers_only(v)
+            for k, v in value.items()
+            if isinstance(v, dict) or v is None or isinstance(v, (bool, int, float))
+        }
+    return value if value is None or isinstance(value, (bool, int, float)) else None
+
+
+def response_top(body: dict[str, Any]) -> dict[str, Any]:
+    """R27's `usage` (every top-level field but the reply), on an allow-list: OpenAI's
+    response object echoes the request (`instructions`, `input`, `tools`, `text`,
+    `metadata`, `user`, `prompt`), and digest mode writes no text (docs/recording.md).
+
+    Kept: numbers, booleans and nulls; the strings of `_KEPT_STRINGS`; the objects of
+    `_KEPT_OBJECTS` verbatim; `prompt_cache_key` hashed (R1); `prompt_cache_options`
+    as a request's (R35); `prompt_cache_diagnostics` without text (R37); `reasoning`'s
+    enum-like settings; `text` as its `verbosity` and `format.type`; `tool_usage`'s
+    numbers; `conversation`'s `id`.  Everything else is dropped.
+    """
+    out: dict[str, Any] = {}
+    for key, value in body.items():
+        if key in ("output", "output_text"):
+            continue
+        if value is None or isinstance(value, (bool, int, float)):
+            out[key] = value
+        elif key in _KEPT_STRINGS:
+            if isinstance(value, str):
+                out[key] = value
+        elif key in _KEPT_OBJECTS:
+            out[key] = value
+        elif key == "prompt_cache_key":
+            out[key] = tagged_text(value) if isinstance(value, str) else tagged_value(value)
+        elif key == "prompt_cache_options":
+            out[key] = cache_options(value)
+        elif key == "prompt_cache_diagnostics":
+            out[key] = diagnosis_safe(value)
+        elif key == "reasoning":
+            out[key] = _settings_only(value)
+        elif key == "text":
+            out[key] = _text_settings(value)
+        elif key == "tool_usage":
+            out[key] = _numbers_only(value)
+        elif key == "conversation" and isinstance(value, dict):
+            ident = value.get("id")
+            out[key] = {"id": ident} if isinstance(ident, str) else {}
+    return out
+
+
+def _text_settings(text: Any) -> dict[str, Any]:
+    """A response's `text` config as its `verbosity` and its format's `type` (a JSON
+    schema's name, description and schema go)."""
+    if not isinstance(text, dict):
+        return {}
+    out: dict[str, Any] = {}
+    if "verbosity" in text and (v := enum_only(text["verbosity"])) is not MISSING:
+        out["verbosity"] = v
+    fmt = text.get("format")
+    if isinstance(fmt, dict) and (kind := enum_only(fmt.get("type"))) is not MISSING:
+        out["format"] = {"type": kind}
+    return out
 
 
 class OpenAIResponses(ChatApi):
@@ -167,6 +262,51 @@ class OpenAIResponses(ChatApi):
 
     tool_name = staticmethod(_tool_name)
 
+    # R35: GPT-5.6's `prompt_cache_breakpoint` on a content part (and `cache_control`,
+    # which gateways pass on to Anthropic's models) is a breakpoint.
+    cache_markers = ("prompt_cache_breakpoint", "cache_control")
+
+    def item_marks(self, item: Any) -> Marks:
+        """An item is one block unless its `content` is an array; a marker on a part of a
+        `function_call_output`'s `output` array is at its block 0."""
+        if not isinstance(item, dict):
+            return Marks(1)
+        content = item.get("content")
+        if isinstance(content, list):
+            return content_marks(content, self.cache_markers)
+        output = item.get("output")
+        if isinstance(output, list):
+            inner = content_marks(output, self.cache_markers)
+            return Marks(1, tuple((0, ttl) for _, ttl in inner.breaks), inner.images)
+        return Marks(1)
+
+    def leading_marks(self, body: dict[str, Any]) -> list[Marks]:
+        instructions = body.get("instructions")
+        return [self.item_marks({"content": instructions})] if is_set(instructions) else []
+
+    def messages_marks(self, body: dict[str, Any]) -> list[Marks]:
+        """As `messages_with_text`: a string `input` is one message of one block."""
+        if isinstance(body.get("input"), str):
+            return [*self.leading_marks(body), Marks(1)]
+        return super().messages_marks(body)
+
+    def cache_settings(self, body: dict[str, Any], marks: list[Marks]) -> dict[str, Any]:
+        """R35's OpenAI settings: `reasoning.effort`, `text.verbosity`, `text.format`
+        (hashed: it may hold a schema), `parallel_tool_calls`, `service_tier`."""
+        reasoning = body.get("reasoning")
+        text = body.get("text")
+        if not isinstance(text, dict):
+            text = {}
+        return {
+            "reasoning_effort": enum_value(
+                reasoning.get("effort") if isinstance(reasoning, dict) else None
+            ),
+            "verbosity": enum_value(text.get("verbosity")),
+            "text_format": hashed_setting(text.get("format")),
+            "parallel_tool_calls": enum_value(body.get("parallel_tool_calls")),
+            "service_tier": enum_value(body.get("service_tier")),
+        }
+
     def params(self, body: dict[str, Any]) -> Params:
         params = super().params(body)
         # The server holds the start of this prompt; the request does not.
@@ -186,13 +326,10 @@ class OpenAIResponses(ChatApi):
         return ResponsesMerger()
 
     def response_digest(self, body: dict[str, Any]) -> ResponseDigest:
-        """R27: every top-level field but `output` and `output_text`; the reply is `output`.
-
-        Nor the fields in which a server echoes the request (OpenAI's response
-        object repeats `instructions`, `input`, `tools`): digest mode writes no
-        message text (docs/recording.md).
-        """
-        usage = {k: v for k, v in body.items() if k not in _NOT_COUNTERS}
+        """R27: the top-level fields but `output` and `output_text`, on `response_top`'s
+        allow-list (OpenAI's response object echoes the request's text); the reply is
+        `output`."""
+        usage = response_top(body)
         output = body.get("output")
         content = reasoning = 0
         calls: list[ToolCallRef] = []

@@ -41,6 +41,9 @@ __all__ = [
     "loads_stdlib",
     "record_dumps",
     "short_ints_only",
+    "tagged_bytes",
+    "tagged_text",
+    "tagged_value",
 ]
 
 FNV_OFFSET = 0xCBF29CE484222325
@@ -318,3 +321,21 @@ def hash_value(value: Any) -> str:
 
 
 EMPTY_HASH = hash_bytes(b"")
+
+TAG = "fnv1a:"
+"""What a value kept only to be compared is written as: `fnv1a:<16 hex>` (R32, R35)."""
+
+
+def tagged_bytes(data: bytes) -> str:
+    """`fnv1a:<16 hex>` of the bytes: a value the recording compares but never shows."""
+    return TAG + hash_bytes(data)
+
+
+def tagged_text(text: str) -> str:
+    """`tagged_bytes` of a JSON string's UTF-8 bytes (as `hash_text` encodes them)."""
+    return TAG + hash_text(text)
+
+
+def tagged_value(value: Any) -> str:
+    """`tagged_bytes` of a JSON value's canonical form: a setting that may hold text."""
+    return TAG + hash_bytes(dumps(value))

@@ -46,6 +46,7 @@ __all__ = [
     "NULL",
     "CallRef",
     "DigestRecord",
+    "FastCache",
     "FastMsg",
     "FastTool",
     "Histories",
@@ -130,6 +131,41 @@ class FastParams(_Strict):
 
 NULL = msgspec.Raw(b"null")
 
+Scalar = str | bool | Int | float | None
+"""A setting as a cache digest keeps it (an enum, a flag, a number, or a hash)."""
+
+
+class FastBreakpoint(_Strict):
+    """One cache marker of a request (R35): where it is, and its `ttl`."""
+
+    at: str
+    index: Int
+    block: Int
+    ttl: Scalar = None
+
+
+class FastAuto(_Strict):
+    ttl: Scalar = None
+
+
+class FastCacheOptions(_Strict):
+    mode: Scalar = None
+    ttl: Scalar = None
+    comparison: bool | None = None
+
+
+class FastCache(_Strict):
+    """A request digest's `cache` (R35): what it tells a provider's prompt cache."""
+
+    breakpoints: list[FastBreakpoint] | None = None
+    auto: FastAuto | None = None
+    blocks: list[Int] | None = None
+    settings: dict[str, Scalar] | None = None
+    key: str | None = None
+    retention: Scalar = None
+    options: FastCacheOptions | None = None
+    include_usage: bool | None = None
+
 
 class FastRequestDigest(_Strict):
     model: str | None = None
@@ -139,6 +175,7 @@ class FastRequestDigest(_Strict):
     tools: msgspec.Raw = NULL
     """Raw JSON: `ToolLists.decode` makes it a list of `FastTool`s."""
     tools_hash: str | None = None
+    cache: FastCache | None = None
 
 
 class FastOutput(_Strict):
@@ -172,9 +209,11 @@ class Headers(
         "x_session_id": "x-session-id",
         "session_affinity": "x-session-affinity",
         "affinity": "x-affinity",
+        "anthropic_beta": "anthropic-beta",
     },
 ):
-    """The headers a record keeps (spec: Request, `headers`; R32; a response's `server`)."""
+    """The request headers a record keeps (spec: Request, `headers`; R32; R35's
+    `anthropic-beta`), and `server`, which older readers took from a response too."""
 
     user_agent: str | None = None
     content_type: str | None = None
@@ -193,22 +232,29 @@ class Headers(
     x_session_id: str | None = None
     session_affinity: str | None = None
     affinity: str | None = None
+    anthropic_beta: str | None = None
     server: str | None = None
 
 
 class Request(_Strict):
     method: str
     path: str
+    upstream: str | None = None
+    """R34: the host the request went to."""
     headers: Headers | None = None
     body_bytes: int | None = None
     body: None = None
     body_text: str | None = None
     digest: FastRequestDigest | None = None
+    added: list[str] | None = None
+    """R37: the request fields the recorder added."""
 
 
 class Response(_Strict):
     status: Int | None = None
-    headers: Headers | None = None
+    headers: dict[str, str] | None = None
+    """Every value a string, each checked: R34 keeps Anthropic's rate-limit headers by
+    name, a set no struct can list (`server`, the providers' ids, R15's four)."""
     stream: str | None = None
     chunks: int | None = None
     bad_chunks: int | None = None

@@ -40,9 +40,28 @@ SESSION_HEADERS = (
 """Kept only as `fnv1a:<16 hex>` of the value: they identify a session, and are only
 ever compared."""
 
+FEATURE_HEADERS = ("anthropic-beta",)
+"""Request headers kept verbatim beside R32's: they name API features, not a person, and
+R35 counts the set of `anthropic-beta` values among the settings whose change misses
+Anthropic's cache."""
+
 SERVER_HEADERS = ("server",)
 """The response headers kept verbatim besides R15's four: they name the server's program,
 which tells the analyzer whose cache model applies (issue 29)."""
+
+# R34: the response headers that tell a cloud provider, and its request, apart.
+PROVIDER_HEADERS = ("request-id", "x-request-id", "openai-processing-ms", "openai-version")
+"""Kept verbatim: an id of the request, a time, an API version."""
+ACCOUNT_HEADERS = (
+    "anthropic-organization-id",
+    "anthropic-workspace-id",
+    "openai-organization",
+    "openai-project",
+)
+"""Kept only as `fnv1a:<16 hex>` of the value: they name an account."""
+NAME_ONLY_PREFIXES = ("anthropic-ratelimit-",)
+"""Response headers kept by name only, each with the value `""`: which limits a provider
+reports, never how much of them is left."""
 
 StreamKind = Literal["sse", "ndjson"]
 SSE: StreamKind = "sse"
@@ -79,12 +98,55 @@ class Params(TypedDict):
     previous_response: NotRequired[bool]  # R25: Responses only
 
 
+class CacheBreakpoint(TypedDict):
+    """One cache marker (R35): `cache_control`, or OpenAI's `prompt_cache_breakpoint`."""
+
+    at: Literal["tools", "messages"]
+    index: int
+    """The tool's index, or the message's in the digest's `messages`."""
+    block: int
+    """The content block's index within that message (0 for a tool or a string)."""
+    ttl: Any
+    """The marker's `ttl` as sent (a short enum, else hashed), or None."""
+
+
+class CacheAuto(TypedDict):
+    ttl: Any
+
+
+class CacheOptions(TypedDict):
+    """`prompt_cache_options` without the response id it may name."""
+
+    mode: Any
+    ttl: Any
+    comparison: bool
+
+
+class CacheDigest(TypedDict):
+    """What a request tells a provider's prompt cache (R35), no text."""
+
+    breakpoints: list[CacheBreakpoint]
+    auto: CacheAuto | None
+    """Anthropic's top-level `cache_control` (automatic caching)."""
+    blocks: list[int]
+    """The content blocks of each digest message (Anthropic's lookback counts them)."""
+    settings: dict[str, Any]
+    """The API's settings whose change misses the cache, every key always written."""
+    key: str | None
+    """`prompt_cache_key`, hashed."""
+    retention: Any
+    options: CacheOptions | None
+    include_usage: bool | None
+    """Chat's `stream_options.include_usage`: without it a stream reports no usage."""
+
+
 class RequestDigest(TypedDict):
     model: str | None
     params: Params
     messages: list[MessageDigest]
     tools: list[ToolDigest]
     tools_hash: str | None
+    cache: NotRequired[CacheDigest | None]  # R35, additive: null for Ollama's /api/chat
 
 
 class Output(TypedDict):
@@ -101,11 +163,13 @@ class ResponseDigest(TypedDict):
 class RequestPart(TypedDict):
     method: str
     path: str
+    upstream: NotRequired[str | None]  # R34, additive: the host the request went to
     headers: dict[str, str]
     body_bytes: int
     body: Any
     body_text: str | None
     digest: RequestDigest | None
+    added: NotRequired[list[str] | None]  # R37, additive: fields the recorder added
 
 
 class ResponsePart(TypedDict):

@@ -241,6 +241,7 @@ class Recorder:
             raw_method=data.method,
             raw_path=data.path,
             request_fields=data.headers.fields,
+            upstream=data.host,  # reverse: the target's host; forward: the requested one
         )
         if self.settings is not None and self.settings.tokenize and data.method == b"POST":
             cap.tokenize = f"{req.scheme}://{req.host}:{req.port}"

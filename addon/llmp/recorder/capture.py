@@ -14,8 +14,16 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from llmp.format.canonical import hash_bytes
-from llmp.format.schema import NAMING_HEADERS, SERVER_HEADERS, SESSION_HEADERS
+from llmp.format.canonical import tagged_bytes
+from llmp.format.schema import (
+    ACCOUNT_HEADERS,
+    FEATURE_HEADERS,
+    NAME_ONLY_PREFIXES,
+    NAMING_HEADERS,
+    PROVIDER_HEADERS,
+    SERVER_HEADERS,
+    SESSION_HEADERS,
+)
 
 TAIL_BYTES = 64
 KEPT_HEADERS = ("user-agent", "content-type", "content-length", "transfer-encoding")
@@ -39,13 +47,24 @@ def keep_headers(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
     return {name: ", ".join(values) for name, values in kept.items()}
 
 
-def _session_hash(value: str) -> str:
+def _hashed(value: str) -> str:
     """R32: `fnv1a:<16 hex>` of the value's bytes as sent."""
-    return "fnv1a:" + hash_bytes(value.encode("utf-8", "surrogateescape"))
+    return tagged_bytes(value.encode("utf-8", "surrogateescape"))
 
 
-def keep_request_headers(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """R15 and R32: the four headers, the naming ones verbatim, the session ones hashed.
+VERBATIM_REQUEST = frozenset(NAMING_HEADERS + FEATURE_HEADERS)
+HASHED_REQUEST = frozenset(SESSION_HEADERS)
+VERBATIM_RESPONSE = frozenset(SERVER_HEADERS + PROVIDER_HEADERS)
+HASHED_RESPONSE = frozenset(ACCOUNT_HEADERS)
+
+
+def _keep(
+    pairs: Iterable[tuple[str, str]],
+    verbatim: frozenset[str],
+    hashed: frozenset[str],
+    name_only: tuple[str, ...] = (),
+) -> dict[str, str]:
+    """R15's four, then the named headers: verbatim, hashed, or by name only (value "").
 
     An allow-list: a credential (`authorization`, `x-api-key`, a cookie) or any
     header not named here is never written.
@@ -55,25 +74,37 @@ def keep_request_headers(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
     own: dict[str, list[str]] = {}
     for name, value in pairs:
         low = name.lower()
-        if low in NAMING_HEADERS or low in SESSION_HEADERS:
+        if low in verbatim or low in hashed:
             own.setdefault(low, []).append(value)
+        elif name_only and low.startswith(name_only):
+            own[low] = []
     for name, values in own.items():
         joined = ", ".join(values)
-        kept[name] = _session_hash(joined) if name in SESSION_HEADERS else joined
+        kept[name] = _hashed(joined) if name in hashed else joined
     return kept
+
+
+def keep_request_headers(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """R15 and R32: the four headers, the naming ones and `anthropic-beta` verbatim, the
+    session ones hashed."""
+    return _keep(pairs, VERBATIM_REQUEST, HASHED_REQUEST)
 
 
 def keep_response_headers(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """R15's four, and `server` verbatim: it names the program whose cache served the turn."""
-    pairs = list(pairs)
-    kept = keep_headers(pairs)
-    own: dict[str, list[str]] = {}
-    for name, value in pairs:
-        low = name.lower()
-        if low in SERVER_HEADERS:
-            own.setdefault(low, []).append(value)
-    kept.update((name, ", ".join(values)) for name, values in own.items())
-    return kept
+    """R15's four; `server` and R34's request ids verbatim (they name a program or a
+    request), its account headers hashed, Anthropic's rate-limit headers by name only."""
+    return _keep(pairs, VERBATIM_RESPONSE, HASHED_RESPONSE, NAME_ONLY_PREFIXES)
+
+
+def upstream_host(host: str) -> str | None:
+    """R34: only the host, never credentials or a port (mitmproxy's `host` has neither;
+    this holds for any other caller too); None for an empty one."""
+    host = host.rpartition("@")[2].strip()
+    if host.startswith("["):  # an IPv6 literal with brackets, perhaps a port after them
+        host = host[1 : host.find("]")] if "]" in host else host[1:]
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]
+    return host or None
 
 
 def _text(raw: bytes) -> str:
@@ -140,6 +171,11 @@ class Capture:
     raw_path: bytes | None = None
     request_fields: HeaderFields | None = None
     response_fields: HeaderFields | None = None
+    upstream: str | None = None
+    """The host the request was sent to, as mitmproxy resolved it (R34): the reverse
+    target's, or the requested one in forward mode; `settle` drops anything but the host."""
+    added: list[str] | None = None
+    """The request fields the recorder added (R37's opt-in diagnosis), or None."""
     tokenize: str | None = None
     """The upstream's base URL when the record is to carry its token counts
     (`llmp_tokenize`); the builder asks it, never the client's path."""
@@ -166,6 +202,8 @@ class Capture:
         if self.raw_path is not None:
             self.path = _text(self.raw_path)
             self.raw_path = None
+        if self.upstream is not None:
+            self.upstream = upstream_host(self.upstream)
         if self.request_fields is not None:
             self.request_headers = kept_request_fields(self.request_fields)
             self.request_encoding = content_encoding(self.request_fields)

@@ -103,11 +103,13 @@ def _request_part(
     part: dict[str, Any] = {
         "method": cap.method,
         "path": cap.path,
+        "upstream": cap.upstream,  # R34
         "headers": cap.request_headers,
         "body_bytes": cap.request_body_bytes,
         "body": None,
         "body_text": None,
         "digest": None,
+        "added": cap.added,  # R37: what the opt-in diagnosis added, else null
     }
     if cap.request_body is None:  # too large: forwarded, not stored (R12)
         return part, None
