@@ -79,6 +79,6 @@ def write_html(
     title: str | None = None,
 ) -> None:
     """Write the page for `report` (the report v1 as `llmp analyze --json`
-    prints it, parsed) to `out`; `changes` from `collect_changes` adds the
-    "what changed" diffs."""
+    prints it, parsed) to `out`; `changes` (`Analysis.change_list()` of an
+    `analyze(..., changes=N)`) adds the "what changed" diffs."""
     Path(out).write_text(render_html(report, changes, title=title), encoding="utf-8")
