@@ -374,6 +374,23 @@ def test_child_builds_the_same_line_as_the_thread(
     assert child.proc.returncode == 0
 
 
+def test_child_starts_whatever_lies_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file in the proxy's working directory that shadows a module of the standard
+    library (an `inspect.py` of the user's) does not reach the child's path."""
+    (tmp_path / "inspect.py").write_text('raise SystemExit("shadowed")\n')
+    (tmp_path / "json.py").write_text('raise SystemExit("shadowed")\n')
+    monkeypatch.chdir(tmp_path)
+    child = wire.ChildBuilder(-1)
+    try:
+        cap = _tapped_capture(b'{"model":"m","stream":true}', 4)
+        assert child.build(cap, "digest") == build_line(copy.deepcopy(cap), "digest")
+    finally:
+        child.close()
+    assert child.proc.returncode == 0
+
+
 def test_child_that_cannot_read_the_proxy_gets_the_shared_file(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

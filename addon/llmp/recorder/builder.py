@@ -356,7 +356,9 @@ class ChildBuilder:
         argv = [str(theirs.fileno()), str(term), str(self._shared)]
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "llmp.recorder.child", *argv],
+                # -P: the proxy's working directory is not put on the child's path, so a
+                # file there (an `inspect.py`) cannot shadow the standard library.
+                [sys.executable, "-P", "-m", "llmp.recorder.child", *argv],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 bufsize=0,  # raw pipes: the writer thread writes and reads them itself
