@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from llmp.analysis import causes, loss
+from llmp.analysis import causes, loss, provider
 from llmp.analysis.classify import SIDE_CALL
 from llmp.analysis.html.common import CAUSES as HTML_COLOURS
 from llmp.analysis.html.page import _cause_css
@@ -58,6 +58,13 @@ def test_every_cause_the_engine_charges_is_in_the_table() -> None:
         causes.SERVER_NO_ROLLBACK,
         loss.SERVER_CAPACITY,
         loss.SERVER_TEMPLATE,
+        # On a cloud provider (provider.py, R35).
+        provider.SETTINGS_CHANGED,
+        provider.MODEL_CHANGED,
+        provider.CACHE_KEY_CHANGED,
+        provider.BREAKPOINT_TOO_FAR,
+        provider.CACHE_EXPIRED,
+        provider.PROVIDER_EVICTED,
     }
     assert charged == set(causes.BY_NAME)
     assert causes.SIDE_CALL == SIDE_CALL

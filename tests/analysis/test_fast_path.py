@@ -102,7 +102,16 @@ def test_response_server_header_read_alike(tmp_path: Path) -> None:
         assert fast_lines(served) == fast_lines(plain) > 0
         reports[server] = report_bytes([served], fast=True)
         assert reports[server] == report_bytes([served], fast=False)
-    assert reports["llama.cpp"] == report_bytes([plain], fast=True)
+    # llama-server's header changes no verdict: only the server the report names (which
+    # its timings already named where it sent them).
+    def unnamed(report: bytes) -> Any:
+        rep = orjson.loads(report)
+        del rep["servers"]
+        for row in rep["rows"]:
+            row["server"] = None
+        return rep
+
+    assert unnamed(reports["llama.cpp"]) == unnamed(report_bytes([plain], fast=True))
     # Two agents evict each other from one slot; a shared cache has no slot to lose.
     assert b"other_conversation" in reports["llama.cpp"]
     assert b"server_capacity" in reports["uvicorn"]

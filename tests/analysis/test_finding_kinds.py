@@ -112,7 +112,11 @@ def test_a_finding_outside_the_registry_cannot_be_built() -> None:
 
 def test_only_the_kinds_that_read_a_hook_are_fed_it() -> None:
     found = Findings(Config())
-    assert [k.name for k in found._row] == ["context_overflow"]
+    assert [k.name for k in found._row] == [
+        "context_overflow",
+        "provider_evicted",
+        "unread_cache_writes",
+    ]
     assert [k.name for k in found._turn] == ["large_system_prompt"]
     assert {k.name for k in found._refused} == {"prefix_break", "context_overflow"}
     assert "unused_tool" not in {k.name for k in found._linked}

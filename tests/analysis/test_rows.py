@@ -16,6 +16,8 @@ ROW_KEYS = [
     "prefix_tokens", "break_cause", "compaction", "predicted_reuse", "observed_reuse",
     "cause", "lost_client", "lost_external", "side_calls_between",
     "other_conversations_between", "other_domains_between", "loss_measured", "changed",
+    "server", "cache_read_tokens", "cache_write_tokens", "uncached_tokens", "cost_usd",
+    "provider_reason",
 ]  # fmt: skip
 COUNT_KEYS = [
     "prompt_tokens", "completion_tokens", "reused_tokens", "evaluated_tokens",

@@ -52,6 +52,7 @@ def nested(flat: dict[str, Any]) -> dict[str, Any]:
             "cause": flat[f"{name}_cause"],
             "tokens": flat[f"{name}_tokens"],
             "ms": mv(f"{name}_ms"),
+            "usd": flat[f"{name}_usd"],
         }
 
     keys = ["id", "api", "model", "client", "t_start_ms", "kind", "side_call_shape", "session",
@@ -70,6 +71,9 @@ def nested(flat: dict[str, Any]) -> dict[str, Any]:
               "loss_measured"):  # fmt: skip
         row[k] = flat[k]
     row["changed"] = None if flat["changed"] is None else orjson.loads(flat["changed"])
+    for k in ("server", "cache_read_tokens", "cache_write_tokens", "uncached_tokens", "cost_usd",
+              "provider_reason"):  # fmt: skip
+        row[k] = flat[k]
     return row
 
 

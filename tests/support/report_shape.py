@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmp.analysis.causes import BY_NAME
 from llmp.analysis.findings import sort_key
 
 TOP = [
@@ -17,6 +18,8 @@ TOP = [
     "tools",
     "findings",
     "speculative",  # additive to v1: speculative decoding per served model (docs/analysis.md §9)
+    "cost",  # additive (R36): what a provider's rows cost; null on a local server
+    "provider_agreement",  # additive (R37): llmp's causes against the provider's diagnosis
     "rows",
 ]
 
@@ -28,6 +31,9 @@ ROW = [
     "lost_client", "lost_external", "side_calls_between", "other_conversations_between",
     "other_domains_between", "loss_measured",
     "changed",  # additive to v1: where each changed message changed (docs/analysis.md §7)
+    # additive (R34-R37): the server, the cache split, the cost, the provider's diagnosis
+    "server", "cache_read_tokens", "cache_write_tokens", "uncached_tokens", "cost_usd",
+    "provider_reason",
 ]  # fmt: skip
 
 
@@ -75,18 +81,16 @@ def check_shape(rep: dict[str, Any]) -> None:
     ]  # fmt: skip
     assert list(cov["skipped"]) == ["not_chat", "error", "non_2xx", "unparsed"]
     for s in rep["servers"]:
-        assert set(s) == {"api", "fields"} and s["api"] in ("openai_chat", "ollama_chat", "other")
+        assert set(s) == {"api", "server", "fields"}
+        assert s["api"] in ("openai_chat", "ollama_chat", "anthropic_messages", "openai_responses")
         assert all(f in COUNTS for f in s["fields"])
     t = rep["time"]
     assert list(t) == ["prefill_ms", "lost_ms", "lost_tokens", "by_cause"]
     for key in ("prefill_ms", "lost_ms"):
         assert t[key] is None or is_mv(t[key])
     for cause, c in t["by_cause"].items():
-        assert cause in (
-            "tools_changed", "system_changed", "history_rewritten", "side_call",
-            "other_conversation", "other_model", "server_empty", "server_head_only", "server_rollback",
-        )  # fmt: skip
-        assert set(c) == {"tokens", "ms", "rows"} and (c["ms"] is None or is_mv(c["ms"]))
+        assert cause in BY_NAME
+        assert set(c) == {"tokens", "ms", "rows", "usd"} and (c["ms"] is None or is_mv(c["ms"]))
     assert list(rep["composition"]) == ["system", "tools", "history", "new_content"]
     for c in rep["clients"]:
         assert list(c) == ["client", "user_agent", "requests", "conversations", "tools"]
@@ -105,6 +109,6 @@ def check_shape(rep: dict[str, Any]) -> None:
         assert list(r["composition"]) == ["system", "tools", "history", "new_content"]
         assert all(is_mv(v) for v in r["composition"].values())
         for key in ("lost_client", "lost_external"):
-            assert r[key] is None or (set(r[key]) == {"cause", "tokens", "ms"})
+            assert r[key] is None or (set(r[key]) == {"cause", "tokens", "ms", "usd"})
         assert (r["side_call_shape"] is None) == (r["kind"] != "side_call")
         assert (r["conversation"] is None) == (r["kind"] != "turn")

@@ -191,11 +191,12 @@ static int put_mv(Buf *b, PyObject *mv) {
     X(composition) X(linked_to) X(new_conversation) X(prefix_tokens) X(break_cause) \
     X(compaction) X(predicted_reuse) X(observed_reuse) X(cause) X(lost_client) \
     X(lost_external) X(side_calls_between) X(other_conversations_between) \
-    X(other_domains_between) X(loss_measured) X(changed)
+    X(other_domains_between) X(loss_measured) X(changed) X(server) X(cache_read_tokens) \
+    X(cache_write_tokens) X(uncached_tokens) X(cost_usd) X(provider_reason)
 #define COUNTS_NAMES(X) \
     X(prompt_tokens) X(completion_tokens) X(reused_tokens) X(evaluated_tokens) X(prefill_ms) \
     X(decode_ms) X(load_ms)
-#define LOSS_ONLY_NAMES(X) X(tokens) X(ms) /* a Loss also has `cause`, a Row field */
+#define LOSS_ONLY_NAMES(X) X(tokens) X(ms) X(usd) /* a Loss also has `cause`, a Row field */
 
 #define AS_ENUM(n) A_##n,
 #define AS_TEXT(n) #n,
@@ -337,7 +338,9 @@ static int put_loss(Buf *b, PyObject *row, int name) {
                && (r = PUT_LIT(b, ",\"tokens\":")) == OK
                && (r = put_attr(b, loss, &LOSS, A_tokens)) == OK
                && (r = PUT_LIT(b, ",\"ms\":")) == OK
-               && (r = put_mv_attr(b, loss, &LOSS, A_ms)) == OK) {
+               && (r = put_mv_attr(b, loss, &LOSS, A_ms)) == OK
+               && (r = PUT_LIT(b, ",\"usd\":")) == OK
+               && (r = put_attr(b, loss, &LOSS, A_usd)) == OK) {
         r = PUT_LIT(b, "}");
     }
     Py_DECREF(loss);
@@ -383,7 +386,8 @@ static int put_composition(Buf *b, PyObject *row) {
         A_predicted_reuse, A_observed_reuse, A_cause
 #define LIST_TAIL_NAMES \
     A_side_calls_between, A_other_conversations_between, A_other_domains_between, \
-        A_loss_measured, A_changed
+        A_loss_measured, A_changed, A_server, A_cache_read_tokens, A_cache_write_tokens, \
+        A_uncached_tokens, A_cost_usd, A_provider_reason
 #define HEAD_TAIL_NAMES A_t_start_ms, A_kind, A_side_call_shape, A_session, A_conversation, A_turn
 static const int PLAIN_TAIL[] = {PLAIN_TAIL_NAMES};
 static const int LIST_TAIL[] = {LIST_TAIL_NAMES};

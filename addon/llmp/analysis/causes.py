@@ -17,7 +17,11 @@ EXTERNAL = "external"
 """Something else that ran on the server took the cache (an eviction finding)."""
 SERVER = "server"
 """The server lost or could not use its cache by itself (`server_cache_loss`)."""
-GROUPS = (CLIENT, EXTERNAL, SERVER)
+PROVIDER = "provider"
+"""A cloud provider's cache rules dropped it (R35): each such cause is a finding kind of its
+own name.  `breakpoint_too_far` is charged to the client (`lost_client`: the client placed
+its breakpoints), `cache_expired` and `provider_evicted` to the provider (`lost_external`)."""
+GROUPS = (CLIENT, EXTERNAL, SERVER, PROVIDER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +57,12 @@ SERVER_ROLLBACK = "server_rollback"
 SERVER_NO_ROLLBACK = "server_no_rollback"
 SERVER_CAPACITY = "server_capacity"
 SERVER_TEMPLATE = "server_template"
+SETTINGS_CHANGED = "settings_changed"
+MODEL_CHANGED = "model_changed"
+CACHE_KEY_CHANGED = "cache_key_changed"
+BREAKPOINT_TOO_FAR = "breakpoint_too_far"
+CACHE_EXPIRED = "cache_expired"
+PROVIDER_EVICTED = "provider_evicted"
 
 SWA_FIX = (
     "The model's cache cannot go back to an earlier position (a sliding-window or "
@@ -90,6 +100,65 @@ CAUSES: tuple[Cause, ...] = (
         "context must shrink, compact rarely and in big steps.",
         "#CC79A7",
         did="rewrote earlier messages",
+    ),
+    Cause(
+        SETTINGS_CHANGED,
+        CLIENT,
+        "cache settings changed",
+        "Keep the settings that are part of the cached prefix the same for the whole "
+        "conversation: on Anthropic tool_choice, the thinking settings, images and the "
+        "anthropic-beta values; on OpenAI reasoning.effort, text.verbosity, text.format, "
+        "parallel_tool_calls and service_tier.",
+        "#DDCC77",
+        did="changed settings that are part of the cached prefix",
+    ),
+    Cause(
+        MODEL_CHANGED,
+        CLIENT,
+        "the conversation went on with another model",
+        "A provider caches per model: a conversation that moves to another model reads its "
+        "whole prompt again. Switch models between conversations, not inside one.",
+        "#CC6677",
+        did="went on with another model",
+    ),
+    Cause(
+        CACHE_KEY_CHANGED,
+        CLIENT,
+        "prompt_cache_key changed",
+        "Keep one prompt_cache_key per conversation (not per request, and not one for a "
+        "whole account): OpenAI routes by the prompt's start and the key, so a new key is a "
+        "cold machine.",
+        "#EE7733",
+        did="changed its prompt_cache_key",
+    ),
+    Cause(
+        BREAKPOINT_TOO_FAR,
+        PROVIDER,
+        "the last cache entry was beyond the breakpoint's lookback",
+        "Put a cache_control breakpoint on the last block of every request (or a breakpoint "
+        "within 20 blocks of the previous one): the API looks back at most 20 blocks from "
+        "each breakpoint for an entry to read.",
+        "#88CCEE",
+    ),
+    Cause(
+        CACHE_EXPIRED,
+        PROVIDER,
+        "the cache entry expired",
+        "The entry outlived its time-to-live between two turns (Anthropic: 5 minutes, or an "
+        'hour with "ttl": "1h"; OpenAI: the retention the response reports): ask for a '
+        "longer time-to-live where the gaps are longer.",
+        "#44AA99",
+    ),
+    Cause(
+        PROVIDER_EVICTED,
+        PROVIDER,
+        "the provider dropped the cache entry",
+        "The prefix was the same, within its time-to-live and the lookback, and still not "
+        "read: the provider evicted it or routed the request elsewhere. Keep one "
+        "prompt_cache_key per conversation and under about 15 requests a minute per prefix "
+        "and key (OpenAI's overflow); otherwise nothing on the client's side changes it.",
+        "#117733",
+        light_text=True,
     ),
     Cause(
         SIDE_CALL,
@@ -191,6 +260,7 @@ BY_NAME: dict[str, Cause] = {c.name: c for c in CAUSES}
 CLIENT_CAUSES = tuple(c.name for c in CAUSES if c.group == CLIENT)
 EXTERNAL_CAUSES = tuple(c.name for c in CAUSES if c.group == EXTERNAL)
 SERVER_CAUSES = tuple(c.name for c in CAUSES if c.group == SERVER)
+PROVIDER_CAUSES = tuple(c.name for c in CAUSES if c.group == PROVIDER)
 WORDS: dict[str, str] = {c.name: c.words for c in CAUSES}
 COLOURS: dict[str, str] = {c.name: c.colour for c in CAUSES}
 

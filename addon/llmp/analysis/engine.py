@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from llmp.analysis.causes import CLIENT_CAUSES, MODEL_CHANGED
 from llmp.analysis.classify import ONESHOT, SIDE_CALL, STATELESS, SUMMARISE, TURN, classify
 from llmp.analysis.clients import ClientRegistry
 from llmp.analysis.config import Config
@@ -39,6 +40,8 @@ from llmp.analysis.loss import (
     losses,
     resort,
 )
+from llmp.analysis.provider import Miss, ProviderTurn, billing_line, miss_usd, turn_of
+from llmp.analysis.provider import verdict as provider_verdict
 from llmp.analysis.reader import ReadStats
 from llmp.analysis.report import (
     Spill,
@@ -49,7 +52,8 @@ from llmp.analysis.report import (
     write_report,
 )
 from llmp.analysis.rows import Row
-from llmp.apis.base import Counts
+from llmp.apis.base import CacheUsage, Counts
+from llmp.apis.providers import ANTHROPIC
 from llmp.apis.servers import UNKNOWN
 from llmp.format.measure import SERVER, weakest
 
@@ -447,10 +451,17 @@ class Engine:
         same_start = s.by_first.get((ua, served, hashes[n_sys])) if len(hashes) > n_sys else None
         group = None if ex.stored_prompt else s.by_key.get((ua, served))
         link = find_link(ex, group, same_start, cfg) if group else None
+        provider = ex.provider
+        model_changed = False
+        if provider is not None and not ex.stored_prompt and (link is None or link.mode == HEAD):
+            # On a provider a conversation may go on with another model (R35).
+            other = s.other_model(ex, cfg)
+            if other is not None:
+                link, model_changed = other, True
         ref = link.conv if link is not None else s.recent_for(ua, ex.sessions)
         if ua is not ex.user_agent:
             self.clients.name(ua, ex.user_agent)
-        st = compare(ex, link, cfg)
+        st = compare(ex, link, cfg, provider == ANTHROPIC and billing_line(ex))
         if link is not None and st.break_cause is not None:
             # A prompt refused for its context on the way here (a harness that cut its
             # prompt after a 400): the server's own count of it measures the new content.
@@ -466,6 +477,16 @@ class Engine:
             s.ollama_old.add(served)
         model = ex.requested_model or served
         api_name = ex.api.name
+        pm = counts.prefill_ms
+        server = s.server_of(
+            served, ex.server, api_name, pm is not None and pm[1] == SERVER, provider
+        )
+        usage = ex.cache_usage()
+        prov = (
+            turn_of(ex, provider, usage, ex.t_first_byte or ex.t_start)
+            if provider is not None
+            else None
+        )
 
         if kind != TURN:
             clients = self.clients
@@ -494,13 +515,14 @@ class Engine:
                 loss_measured=loss_measured(counts),
                 served=served,
             )
+            self._money(row, ex, server.name, usage, prov)
             s.ring.append(RingEntry(ex.id, served, kind, None, shape, client, model))
             return row, None
 
         if link is None:
             st = st.unlinked()
         self._last_structure = st
-        state = self._turn_state(ex, st, counts)
+        state = self._turn_state(ex, st, counts, prov)
         if (
             link is not None
             and link.mode == PREFIX
@@ -527,6 +549,8 @@ class Engine:
             conv = link.conv
             conv.turns += 1
             self.clients.widen(ua, conv.family, ex.tools.names)
+            if model_changed:
+                s.rekey(conv, served)
 
         btw: Between | None = None
         linked_to: int | None = None
@@ -534,9 +558,18 @@ class Engine:
             linked_to = link.conv.last.row_id
             btw = between(s, linked_to, served, conv.number)
         down = linked_to is not None and s.down_since(linked_to)
-        pm = counts.prefill_ms
-        server = s.server_of(served, ex.server, api_name, pm is not None and pm[1] == SERVER)
-        verdict = losses(st, counts, btw, cfg, served in s.rolls_back, down, server)
+        why: Miss | None = None
+        if prov is not None:
+            last = link.conv.last.prov if link is not None else None
+            verdict, why = provider_verdict(st, counts, prov, last, model_changed, cfg, ex.t_start)
+            lc = verdict.lost_client
+            if not (st.new_conversation or st.compaction):
+                if model_changed:
+                    st.break_cause = MODEL_CHANGED
+                elif lc is not None and lc.cause in CLIENT_CAUSES:
+                    st.break_cause = lc.cause  # the tier that decided it (R35)
+        else:
+            verdict = losses(st, counts, btw, cfg, served in s.rolls_back, down, server)
         if verdict.rolled_back:
             s.rolls_back.add(served)
         row = Row(
@@ -569,7 +602,9 @@ class Engine:
             changed=st.changed or None,
             served=served,
             volatile_where=st.volatile_where,
+            miss=why,
         )
+        self._money(row, ex, server.name, usage, prov)
         conv.last = state
         s.touch(conv)
         entry = RingEntry(ex.id, served, TURN, conv.number, None, conv.client, model)
@@ -578,8 +613,46 @@ class Engine:
             self._made = (conv, entry)
         return row, btw
 
+    def _money(
+        self,
+        row: Row,
+        ex: Exchange,
+        server: str,
+        usage: CacheUsage | None,
+        prov: ProviderTurn | None,
+    ) -> None:
+        """R34-R36 on a row: its server, its cache split, and on a provider what it cost
+        and what its losses cost beyond reading the same tokens from the cache."""
+        row.server = server
+        row.provider_reason = ex.provider_reason()
+        if usage is not None:
+            row.cache_read_tokens = usage.read
+            row.cache_write_tokens = usage.write
+            row.uncached_tokens = usage.uncached
+        row.prov = prov
+        if prov is None or usage is None:
+            return
+        rates = self.cfg.pricing().rates(
+            ex.served_model, prov.provider, ex.t_start, usage.tier, usage.prompt
+        )
+        if rates is None:
+            return
+        row.rates = rates
+        row.cost_usd = rates.usd(
+            uncached=usage.uncached,
+            cache_read=usage.read,
+            write_5m=usage.write - usage.write_1h,
+            write_1h=usage.write_1h,
+            output=usage.output or 0,
+        )
+        for loss in (row.lost_client, row.lost_external):
+            if loss is not None:
+                loss.usd = miss_usd(rates, usage, loss.tokens)
+
     @staticmethod
-    def _turn_state(ex: Exchange, st: Structure, counts: Counts) -> TurnState:
+    def _turn_state(
+        ex: Exchange, st: Structure, counts: Counts, prov: ProviderTurn | None = None
+    ) -> TurnState:
         prompt = counts.prompt_tokens
         history, new = st.history, st.new
         n_sys = ex.n_sys
@@ -602,6 +675,7 @@ class Engine:
             ex.msgs,
             ex.tool_digests,
             ex.texts,
+            prov,
         )
 
     # -- output -----------------------------------------------------------
@@ -613,7 +687,8 @@ class Engine:
         user_agents = [self.clients.user_agent(k) for k in range(len(labels))]
         tool_stats = self.totals.tool_stats()
         findings = self.findings.build(self.clients.label, tool_stats)
-        return build_header(self.totals, stats, labels, user_agents, findings, tool_stats)
+        prices = self.cfg.pricing().label if self.totals.cost.rows else ""
+        return build_header(self.totals, stats, labels, user_agents, findings, tool_stats, prices)
 
     def write_json(self, out: IO[bytes], stats: ReadStats | None = None) -> None:
         """The whole report v1, rows copied from the spill file."""

@@ -17,7 +17,9 @@ import orjson
 from llmp.analysis.identity import NO_SESSIONS, Sessions, client_name, is_retry, sessions_of
 from llmp.analysis.overflow import Refusal, refusal_of
 from llmp.apis import ChatApi, api_for, request_digest_of, response_digest_of, strip_query
+from llmp.apis.base import CacheUsage
 from llmp.apis.openai_chat import OpenAIChat
+from llmp.apis.providers import provider_of_headers, provider_of_host, provider_of_usage
 from llmp.format.canonical import record_dumps
 from llmp.format.fastread import (
     NULL,
@@ -278,7 +280,44 @@ class Exchange:
     draft_n: int | None
     """llama-server's `timings.draft_n` (a draft model ran), kept out of `Counts`."""
     draft_n_accepted: int | None
+    upstream: str | None = None
+    """R34: the host the request went to."""
+    provider: str | None = None
+    """R34: the cloud provider that answered (`apis.providers`), or None for a local server."""
+    cache: FastCache | None = None
+    """R35: what the request told a provider's prompt cache (breakpoints, settings, key)."""
+    betas: str | None = None
+    """The `anthropic-beta` values as sent: part of Anthropic's cache settings (R35)."""
     _cum: tuple[list[int], list[int]] | None = field(default=None, init=False, repr=False)
+
+    def cache_usage(self) -> CacheUsage | None:
+        """R35's read, write and uncached split as the server reported it, or None."""
+        top = self.top
+        if top is None:
+            return None
+        if type(top) is LlamaTop:
+            u = top.usage
+            details = u.prompt_tokens_details if u is not None else None
+            if u is None or details is None or u.prompt_tokens is None:
+                return None
+            read = details.cached_tokens
+            if read is None or read < 0 or u.prompt_tokens < 0:
+                return None
+            out = u.completion_tokens
+            return CacheUsage(
+                read,
+                0,
+                0,
+                max(0, u.prompt_tokens - read),
+                out if out is not None and out >= 0 else None,
+            )
+        assert isinstance(top, dict)
+        return self.api.cache_usage(top)
+
+    def provider_reason(self) -> str | None:
+        """R37: the provider's own diagnosis of this request, in its word (None: none)."""
+        top = self.top
+        return self.api.provider_reason(top) if type(top) is dict else None
 
     def edges(self, i: int) -> tuple[int, Any, Any]:
         """Message i's size in characters and its head and tail hashes (R5)."""
@@ -626,6 +665,8 @@ def prepare(
                     names.append(call.name)
     t_start = d.t_start_ms
     te = d.t_end_ms
+    upstream = req.upstream
+    rh = resp.headers
     return Exchange(
         id=d.id,
         api=api,
@@ -639,7 +680,7 @@ def prepare(
         retry=retry,
         requested_model=requested,
         served_model=served if type(served) is str and served else requested or "unknown",
-        server=(rh.get("server") or None) if (rh := resp.headers) is not None else None,
+        server=(rh.get("server") or None) if rh is not None else None,
         msgs=msgs,
         hashes=rec.hashes,
         n_sys=n_sys,
@@ -658,7 +699,37 @@ def prepare(
         texts=rec.texts,
         draft_n=draft_n,
         draft_n_accepted=draft_n_accepted,
+        upstream=upstream,
+        provider=provider_of_record(upstream, rh, top),
+        cache=digest.cache,
+        betas=headers.anthropic_beta if headers is not None else None,
     )
+
+
+_BY_HOST: dict[str | None, str | None] = {}
+
+
+def provider_of_record(
+    upstream: str | None, headers: dict[str, str] | None, top: dict[str, Any] | LlamaTop | None
+) -> str | None:
+    """R34: the provider that answered, told by the host (remembered: a recording has a
+    handful), then a header only a provider sends, then, for recordings made before the
+    host was kept, the shape of the usage (never for llama-server's own, which the fast
+    path types)."""
+    if upstream not in _BY_HOST:
+        if len(_BY_HOST) > 1024:
+            _BY_HOST.clear()
+        _BY_HOST[upstream] = provider_of_host(upstream)
+    found = _BY_HOST[upstream]
+    if found is not None:
+        return found
+    if headers:
+        found = provider_of_headers(headers)
+        if found is not None:
+            return found
+    if upstream is None and type(top) is dict:  # a recording made before R34
+        return provider_of_usage(top.get("usage"), "timings" in top, top.get("model"))
+    return None
 
 
 def digested(rec: dict[str, Any]) -> Digested | Skip:

@@ -55,6 +55,9 @@ class TurnState:
     tool_digests: list[ToolDef | None] = field(default_factory=list)
     texts: tuple[str, ...] | None = None
     """Each message's text, in full mode only."""
+    prov: Any = None
+    """On a cloud provider: what the turn told the cache and left there (R35): a
+    `provider.ProviderTurn`, which imports this module's neighbours, so it is not named."""
     _rest_set: frozenset[str] | None = None
     _tool_hashes: frozenset[str] | None = None
 
@@ -182,10 +185,17 @@ class Session:
         elif was_down(rec):
             self.down.append(rec["id"])
 
-    def server_of(self, served: str, header: str | None, api_name: str, timings: bool) -> Server:
+    def server_of(
+        self,
+        served: str,
+        header: str | None,
+        api_name: str,
+        timings: bool,
+        provider: str | None = None,
+    ) -> Server:
         """The server behind `served`: what this response says, else what an earlier one
         said (a proxy in between may drop the header now and then)."""
-        server = identify(header, api_name, timings)
+        server = identify(header, api_name, timings, provider)
         if server is not UNKNOWN:
             self.servers[served] = server
             return server
@@ -216,6 +226,31 @@ class Session:
         conv.first = first
         if first is not None:
             self.by_first.setdefault((conv.ua, conv.served, first), {})[conv.number] = conv
+
+    def other_model(self, ex: Exchange, cfg: Config) -> Link | None:
+        """A conversation of the same client, on another served model, that this request
+        continues (its messages, then more): on a provider, a conversation that went on
+        with another model (`model_changed`, R35).  Only a continuation or a shared start
+        of the history counts: a shared system prompt is any new conversation's."""
+        rest = ex.hashes[ex.n_sys :]
+        if not rest:
+            return None
+        for (ua, served), group in list(self.by_key.items()):
+            if ua != ex.ua or served == ex.served_model:
+                continue
+            same = self.by_first.get((ua, served, rest[0]))
+            if not same:
+                continue
+            link = find_link(ex, group, same, cfg)
+            if link is not None and link.mode in (CONTINUATION, PREFIX):
+                return link
+        return None
+
+    def rekey(self, conv: Conversation, served: str) -> None:
+        """Move a conversation to another served model (it went on with that model); the
+        caller touches it after, which indexes it anew."""
+        self.forget(conv)
+        conv.served = served
 
     def forget(self, conv: Conversation) -> None:
         """Drop a conversation that proved no conversation (a side-call held back)."""

@@ -159,8 +159,12 @@ def _tools_mv(ex: Exchange) -> MV:
     return (0, ESTIMATE if ex.tokmap is None else TOKENIZER)  # an empty sum
 
 
-def compare(ex: Exchange, link: Link | None, cfg: Config) -> Structure:
-    """The structure of a request against the turn it links to (or nothing)."""
+def compare(ex: Exchange, link: Link | None, cfg: Config, head_is_free: bool = False) -> Structure:
+    """The structure of a request against the turn it links to (or nothing).
+
+    `head_is_free`: a change confined to the first system block is no change, because the
+    server reads the prefix behind it whatever it says (Claude Code's billing line on
+    Anthropic's API, R35)."""
     nsys = ex.n_sys
     n = len(ex.hashes)
     system = ex.range_tokens(0, nsys)
@@ -175,7 +179,9 @@ def compare(ex: Exchange, link: Link | None, cfg: Config) -> Structure:
     st.messages = n
 
     sys = ex.hashes[:nsys]
-    sys_eq = sys == last.sys
+    sys_eq = sys == last.sys or (
+        head_is_free and nsys > 0 and len(last.sys) == nsys and sys[1:] == last.sys[1:]
+    )
     tools_eq = ex.tools.hash == last.tools_hash
     ps = nsys if sys_eq else lcp(sys, last.sys)
     prefix = system[0] if sys_eq else ex.range_tokens(0, ps)[0]
@@ -678,7 +684,7 @@ class Verdict:
     """The server reused past the start of the changed message: it can go back (R31)."""
 
 
-def _ms(tokens: float, src: str, counts: Counts) -> MV | None:
+def loss_ms(tokens: float, src: str, counts: Counts) -> MV | None:
     """What re-reading `tokens` took, at the row's own prefill rate, in whole milliseconds:
     every figure of the report sums the same integers, so they add up exactly (R38)."""
     pre, ev = counts.prefill_ms, counts.evaluated_tokens
@@ -797,7 +803,7 @@ def _client_loss(
             return None
         lc = st.lost * factor if factor is not None else float(st.lost)
         src = weakest(st.lost_source, unit_src) if factor is not None else st.lost_source
-    return Loss(st.break_cause, round(lc), _ms(lc, src, counts))
+    return Loss(st.break_cause, round(lc), loss_ms(lc, src, counts))
 
 
 def _volatile_loss(
@@ -813,7 +819,7 @@ def _volatile_loss(
         tokens, src = shared, weakest(st.source, unit_src)
     if tokens <= tol:
         return None
-    return Loss(SYSTEM_CHANGED, round(tokens), _ms(tokens, src, counts))
+    return Loss(SYSTEM_CHANGED, round(tokens), loss_ms(tokens, src, counts))
 
 
 def _tools_missing_from_estimate(prompt: float, without: int, tools: int) -> bool:
@@ -1042,7 +1048,7 @@ def _external_loss(
         skipped = btw is not None and btw.skipped and not capacity
         row_cause = UNDETERMINED if skipped else SERVER_RESET
     src = weakest(p_src, reused[1])
-    v.lost_external = Loss(ext_cause, round(deficit), _ms(deficit, src, counts))
+    v.lost_external = Loss(ext_cause, round(deficit), loss_ms(deficit, src, counts))
     v.cause = row_cause
     return True
 

@@ -17,8 +17,9 @@ import orjson
 
 from llmp.analysis.classify import TURN
 from llmp.analysis.exchange import SKIP_REASONS, Exchange, Tools
-from llmp.analysis.findings import ToolStats
+from llmp.analysis.findings import UNREAD_CACHE_WRITES, ToolStats
 from llmp.analysis.overflow import CONTEXT_OVERFLOW
+from llmp.analysis.provider import NONE, agrees, comparable
 from llmp.analysis.rows import Labels, LossByCause, Row, join_block, join_spilled, spill_line
 from llmp.apis.base import FIELDS
 from llmp.format.measure import MV, SERVER, Sum, as_json
@@ -133,8 +134,10 @@ class Totals:
         self.stateless = 0
         self.stored_prompts = 0
         self.conversations = 0
-        self.servers: dict[str, set[str]] = {}
-        self._unseen: dict[str, list[str]] = {}
+        self.servers: dict[tuple[str, str | None], set[str]] = {}
+        self._unseen: dict[tuple[str, str | None], list[str]] = {}
+        self.cost = CostTotals()
+        self.agreement = Agreement()
         self.prefill = Sum()
         self.losses = LossByCause()
         self.composition: list[float] = [0, 0, 0, 0]
@@ -196,7 +199,7 @@ class Totals:
         if cl is None:
             cl = self.clients[client] = _Client(first_id=row.id)
         cl.requests += 1
-        api = row.api
+        api = (row.api, row.server)
         unseen = self._unseen.get(api)
         if unseen is None:
             self.servers[api] = set()
@@ -241,6 +244,10 @@ class Totals:
             self.stateless += 1
         if row.lost_client is not None or row.lost_external is not None:
             self.losses.add(row)
+        if row.prov is not None:
+            self.cost.add(row)
+        if row.provider_reason is not None:
+            self.agreement.add(row)
         if row.draft_n is not None:
             spec = self.speculative.get(row.served)
             if spec is None:
@@ -291,6 +298,79 @@ class Totals:
         return out
 
 
+class CostTotals:
+    """R36: what the provider rows cost, by model, and the models no price was found for."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.total = 0.0
+        self.by_model: dict[str, float] = {}
+        self.unpriced: set[str] = set()
+
+    def add(self, row: Row) -> None:
+        self.rows += 1
+        if row.cost_usd is None:
+            if row.cache_read_tokens is not None:  # measured, yet no price
+                self.unpriced.add(row.served)
+            return
+        self.total += row.cost_usd
+        self.by_model[row.served] = self.by_model.get(row.served, 0.0) + row.cost_usd
+
+    def report(
+        self, lost: float | None, unread: float | None, prices: str
+    ) -> dict[str, Any] | None:
+        """The report's `cost`, or None where no row went to a provider (a local server)."""
+        if not self.rows:
+            return None
+        return {
+            "total_usd": usd(self.total),
+            "lost_usd": usd(lost or 0.0),
+            "unread_write_usd": usd(unread or 0.0),
+            "by_model": {m: usd(v) for m, v in sorted(self.by_model.items())},
+            "unpriced_models": sorted(self.unpriced),
+            "prices": prices,
+        }
+
+
+def usd(value: float) -> float:
+    """Dollars as the report writes them: to a millionth, so that sums stay exact to the
+    cent however many rows they add up."""
+    return round(value, 6)
+
+
+class Agreement:
+    """R37: llmp's cause against the provider's own diagnosis, on every row where the
+    provider could compare and either side saw a miss."""
+
+    def __init__(self) -> None:
+        self.diagnosed = 0
+        self.compared = 0
+        self.agreed = 0
+        self.disagreed: list[dict[str, Any]] = []
+
+    def add(self, row: Row) -> None:
+        reason = row.provider_reason
+        self.diagnosed += 1
+        if not comparable(reason):
+            return
+        assert reason is not None
+        loss = row.lost_client or row.lost_external
+        mine = loss.cause if loss is not None else None
+        if mine is None and reason == NONE:
+            return  # nothing missed, and the provider says so: nothing to compare
+        self.compared += 1
+        if agrees(mine, reason, row.server):
+            self.agreed += 1
+        else:
+            self.disagreed.append({"row": row.id, "llmp": mine, "provider": reason})
+
+    def report(self) -> dict[str, Any] | None:
+        """The report's `provider_agreement`; None where no response carried a diagnosis."""
+        if not self.diagnosed:
+            return None
+        return {"compared": self.compared, "agreed": self.agreed, "disagreed": self.disagreed}
+
+
 def speculative(totals: Totals) -> list[dict[str, Any]]:
     """Additive (docs/analysis.md §9): what speculative decoding kept, per served model."""
     return [
@@ -312,8 +392,10 @@ def build_header(
     user_agents: list[str | None],
     findings: list[dict[str, Any]],
     tool_stats: dict[tuple[int, str], ToolStats],
+    prices: str = "",
 ) -> dict[str, Any]:
-    """Every field of the report v1 except `rows`, in the spec's order."""
+    """Every field of the report v1 except `rows`, in the spec's order (then the additive
+    ones: `speculative`, R36's `cost`, R37's `provider_agreement`)."""
     window = None
     if totals.start_ms is not None and totals.end_ms is not None:
         window = {
@@ -328,7 +410,12 @@ def build_header(
         if lost_ms is None and prefill is not None:
             lost_ms = (0, prefill[1])  # timed, and nothing lost
     by_cause = {
-        cause: {"tokens": c.tokens, "ms": as_json(c.ms.result()), "rows": c.rows}
+        cause: {
+            "tokens": c.tokens,
+            "ms": as_json(c.ms.result()),
+            "rows": c.rows,
+            "usd": None if c.usd is None else usd(c.usd),
+        }
         for cause, c in totals.losses.by_cause()
     }
 
@@ -373,9 +460,17 @@ def build_header(
     ]
 
     servers = [
-        {"api": api, "fields": [f for f in FIELDS if f in fields]}
-        for api, fields in sorted(totals.servers.items())
+        {"api": api, "server": server, "fields": [f for f in FIELDS if f in fields]}
+        for (api, server), fields in sorted(
+            totals.servers.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")
+        )
     ]
+    unread = [f for f in findings if f["kind"] == UNREAD_CACHE_WRITES]
+    cost = totals.cost.report(
+        totals.losses.usd,
+        sum(f["evidence"].get("usd") or 0.0 for f in unread),
+        prices,
+    )
     return {
         "v": REPORT_VERSION,
         "window": window,
@@ -416,6 +511,8 @@ def build_header(
         "tools": tools,
         "findings": findings,
         "speculative": speculative(totals),
+        "cost": cost,
+        "provider_agreement": totals.agreement.report(),
     }
 
 

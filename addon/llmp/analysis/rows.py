@@ -34,14 +34,16 @@ _AGGREGATE = {"report": False}
 
 @dataclass(slots=True)
 class Loss:
-    """`lost_client` / `lost_external`: a cause, tokens, and ms when timed."""
+    """`lost_client` / `lost_external`: a cause, tokens, ms when timed, and on a provider
+    what it cost beyond reading the same tokens from the cache (R36)."""
 
     cause: str
     tokens: int
     ms: MV | None
+    usd: float | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {"cause": self.cause, "tokens": self.tokens, "ms": as_json(self.ms)}
+        return {"cause": self.cause, "tokens": self.tokens, "ms": as_json(self.ms), "usd": self.usd}
 
 
 @dataclass(slots=True)
@@ -79,6 +81,18 @@ class Row:
     loss_measured: bool = False
     changed: list[dict[str, Any]] | None = None
     """Additive: where each changed message changed (docs/analysis.md §7)."""
+    server: str | None = None
+    """Additive (R34): the server program or cloud provider that answered (`apis.servers`)."""
+    cache_read_tokens: int | None = None
+    """Additive (R35): the prompt's tokens read from the cache, as the server reported them."""
+    cache_write_tokens: int | None = None
+    """Additive (R35): the prompt's tokens written to the cache."""
+    uncached_tokens: int | None = None
+    """Additive (R35): the prompt's tokens neither read nor written."""
+    cost_usd: float | None = None
+    """Additive (R36): what the request cost on a provider; null elsewhere or unpriced."""
+    provider_reason: str | None = None
+    """Additive (R37): the provider's own cache diagnosis of the request, in its word."""
     # Not in the report (`_AGGREGATE`): what the aggregates need besides the row fields.
     served: str = field(default="", metadata=_AGGREGATE)
     volatile_where: dict[str, Any] | None = field(default=None, metadata=_AGGREGATE)
@@ -90,6 +104,12 @@ class Row:
     """llama-server's `timings.draft_n`: tokens a draft model proposed (speculative decoding)."""
     draft_n_accepted: int | None = field(default=None, metadata=_AGGREGATE)
     """`timings.draft_n_accepted`: the proposed tokens the served model kept."""
+    prov: Any = field(default=None, metadata=_AGGREGATE)
+    """On a provider: what the request told the cache and left there (`ProviderTurn`)."""
+    miss: Any = field(default=None, metadata=_AGGREGATE)
+    """On a provider: why the turn read less than it could (`provider.Miss`)."""
+    rates: Any = field(default=None, metadata=_AGGREGATE)
+    """On a provider: the prices it was billed at (`cost.Rates`), for the money findings."""
 
     def head(self) -> dict[str, Any]:
         return {"id": self.id, "api": self.api, "model": self.model}
@@ -149,12 +169,14 @@ class Row:
                 "cause": lc.cause,
                 "tokens": lc.tokens,
                 "ms": None if (m := lc.ms) is None else {"value": m[0], "source": m[1]},
+                "usd": lc.usd,
             }
         if (le := self.lost_external) is not None:
             d["lost_external"] = {
                 "cause": le.cause,
                 "tokens": le.tokens,
                 "ms": None if (m := le.ms) is None else {"value": m[0], "source": m[1]},
+                "usd": le.usd,
             }
         d["side_calls_between"] = self.side_calls_between
         d["other_conversations_between"] = self.other_conversations_between
@@ -162,6 +184,12 @@ class Row:
         d["loss_measured"] = self.loss_measured
         if self.changed is not None:
             d["changed"] = self.changed
+        d["server"] = self.server
+        d["cache_read_tokens"] = self.cache_read_tokens
+        d["cache_write_tokens"] = self.cache_write_tokens
+        d["uncached_tokens"] = self.uncached_tokens
+        d["cost_usd"] = self.cost_usd
+        d["provider_reason"] = self.provider_reason
         return d
 
     def spill_line(self) -> bytes:
@@ -209,6 +237,8 @@ class CauseTotal:
     tokens: int = 0
     ms: Sum = field(default_factory=Sum)
     rows: int = 0
+    usd: float | None = None
+    """R36: the dollars of its priced losses; None when none was priced."""
 
 
 class LossByCause:
@@ -218,11 +248,12 @@ class LossByCause:
     behind the live view's summary, so the two always agree.
     """
 
-    __slots__ = ("causes", "ms", "tokens")
+    __slots__ = ("causes", "ms", "tokens", "usd")
 
     def __init__(self) -> None:
         self.tokens = 0
         self.ms = Sum()
+        self.usd: float | None = None
         self.causes: dict[str, CauseTotal] = {}
 
     def add(self, row: Row) -> None:
@@ -238,6 +269,9 @@ class LossByCause:
             total.tokens += loss.tokens
             total.ms.add(loss.ms)
             total.rows += 1
+            if (usd := loss.usd) is not None:
+                self.usd = usd if self.usd is None else self.usd + usd
+                total.usd = usd if total.usd is None else total.usd + usd
 
     def by_cause(self) -> list[tuple[str, CauseTotal]]:
         """The causes in name order."""

@@ -88,6 +88,15 @@ def _columns() -> tuple[tuple[str, str], ...]:
         ("changed", JSON),
         ("draft_n", INT),
         ("draft_n_accepted", INT),
+        # R34-R37 (additive): the server, the cache split, the cost, the provider's word.
+        ("server", STR),
+        ("cache_read_tokens", INT),
+        ("cache_write_tokens", INT),
+        ("uncached_tokens", INT),
+        ("cost_usd", FLOAT),
+        ("provider_reason", STR),
+        ("lost_client_usd", FLOAT),
+        ("lost_external_usd", FLOAT),
     ]
     return tuple(cols)
 
@@ -148,6 +157,7 @@ def flat(
         out[f"{loss}_tokens"] = None if lv is None else _int(lv["tokens"])
         out[f"{loss}_ms"] = None if ms is None else _float(ms["value"])
         out[f"{loss}_ms_source"] = None if ms is None else ms["source"]
+        out[f"{loss}_usd"] = None if lv is None else _float(lv.get("usd"))
     for name in _IDS:
         out[name] = list(row[name])
     out["loss_measured"] = row["loss_measured"]
@@ -155,6 +165,11 @@ def flat(
     out["changed"] = None if changed is None else orjson.dumps(changed).decode()
     out["draft_n"] = draft_n
     out["draft_n_accepted"] = draft_n_accepted
+    out["server"] = row.get("server")
+    for name in ("cache_read_tokens", "cache_write_tokens", "uncached_tokens"):
+        out[name] = _int(row.get(name))
+    out["cost_usd"] = _float(row.get("cost_usd"))
+    out["provider_reason"] = row.get("provider_reason")
     return out
 
 

@@ -13,11 +13,13 @@ from typing import Any
 
 from llmp.apis.base import (
     MISSING,
+    CacheUsage,
     ChatApi,
     CountHints,
     Counts,
     Marks,
     content_marks,
+    count,
     diagnosis_safe,
     digest_message,
     enum_value,
@@ -263,6 +265,12 @@ class AnthropicMessages(ChatApi):
             },
         }
 
+    def cache_usage(self, top: dict[str, Any]) -> CacheUsage | None:
+        return anthropic_cache_usage(top)
+
+    def provider_reason(self, top: dict[str, Any]) -> str | None:
+        return anthropic_reason(top)
+
     def counts(self, usage: dict[str, Any], hints: CountHints) -> Counts:
         return anthropic_counts(usage)
 
@@ -290,6 +298,52 @@ def anthropic_counts(top: dict[str, Any]) -> Counts:
     if type(timings) is dict:
         timings_into(c, timings)
     return c
+
+
+def anthropic_cache_usage(top: dict[str, Any]) -> CacheUsage | None:
+    """R35: `cache_read_input_tokens`, `cache_creation_input_tokens` (split by time-to-live in
+    `cache_creation`) and `input_tokens`, which add up to the prompt; None without
+    `input_tokens`, or without any cache counter (an old llama-server build).  Streamed, the
+    merged message keeps `message_start`'s split: `message_delta` never repeats it."""
+    usage = top.get("usage")
+    if type(usage) is not dict:
+        return None
+    uncached = count(usage, "input_tokens")
+    read = count(usage, "cache_read_input_tokens")
+    write = count(usage, "cache_creation_input_tokens")
+    if uncached is None or (read is None and write is None):
+        return None
+    split = usage.get("cache_creation")
+    hour = count(split, "ephemeral_1h_input_tokens")
+    tier = usage.get("service_tier")
+    return CacheUsage(
+        read or 0,
+        write or 0,
+        min(hour or 0, write or 0),
+        uncached,
+        count(usage, "output_tokens"),
+        tier=tier if type(tier) is str else None,
+    )
+
+
+def anthropic_reason(top: dict[str, Any]) -> str | None:
+    """R37: the message's `diagnostics` in the provider's own word.
+
+    Absent: nothing was asked (None).  `null`: nothing diverged from the previous message
+    (`none`).  `{"cache_miss_reason": null}`: the comparison was not ready (`not_ready`).
+    Otherwise the reason's `type` (`system_changed`, `messages_changed`, `unavailable`…)."""
+    if "diagnostics" not in top:
+        return None
+    diag = top["diagnostics"]
+    if diag is None:
+        return "none"
+    if type(diag) is not dict:
+        return None
+    reason = diag.get("cache_miss_reason")
+    if reason is None:
+        return "not_ready" if "cache_miss_reason" in diag else None
+    kind = reason.get("type") if type(reason) is dict else None
+    return kind if type(kind) is str and kind else None
 
 
 # -- the stream merge (R23) -----------------------------------------------------------

@@ -48,6 +48,7 @@ EDGE_CHARS = 256
 __all__ = [
     "EDGE_CHARS",
     "FIELDS",
+    "CacheUsage",
     "ChatApi",
     "CountHints",
     "Counts",
@@ -57,6 +58,7 @@ __all__ = [
     "ToolsOf",
     "cache_options",
     "content_marks",
+    "count",
     "diagnosis_safe",
     "digest_message",
     "edge_hashes",
@@ -137,6 +139,34 @@ class Counts:
     def reported(self) -> list[str]:
         """The fields the server itself reported."""
         return [f for f in FIELDS if (v := getattr(self, f)) is not None and v[1] == SERVER]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheUsage:
+    """R35's split of a prompt as the server reported it: read from the cache, written to
+    it, and neither.  The three add up to the prompt."""
+
+    read: int
+    write: int
+    """Every token written; `write_1h` of them with a one-hour (or a longer) life."""
+    write_1h: int
+    uncached: int
+    output: int | None = None
+    tier: str | None = None
+    """The service tier the response reports it ran at (OpenAI's `service_tier`)."""
+    retention: str | None = None
+    """The retention the response reports (OpenAI's `prompt_cache_retention`)."""
+    ttl: str | None = None
+    """The time-to-live the response reports (OpenAI's `prompt_cache_options.ttl`)."""
+
+    @property
+    def prompt(self) -> int:
+        return self.read + self.write + self.uncached
+
+    @property
+    def cached(self) -> int:
+        """What this request left readable: the tokens it read and the ones it wrote."""
+        return self.read + self.write
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,6 +405,17 @@ class ChatApi:
         """The row's counters from the response digest's `usage`."""
         raise NotImplementedError
 
+    def cache_usage(self, top: dict[str, Any]) -> CacheUsage | None:
+        """R35's cache read, write and uncached split from the response digest's `usage`
+        (every top-level field of the reply), or None where the server reports none."""
+        return None
+
+    def provider_reason(self, top: dict[str, Any]) -> str | None:
+        """R37: the provider's own cache diagnosis of this request in its own word, `none`
+        where it compared and found nothing, `not_ready` where it had no answer yet;
+        None where the response carries no diagnosis."""
+        return None
+
     def count_targets(self, body: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
         """What `--tokenize` counts: `{hash: text}` for the messages and for the tools."""
         messages: dict[str, str] = {}
@@ -568,10 +609,20 @@ def nonneg_number(value: Any) -> float | None:
     return None
 
 
+MAX_COUNT = (1 << 63) - 1
+"""A token counter past 63 bits is a damaged one: the fast reader refuses it too, and the
+sums of a few such would not fit the 64 bits a report's integer has."""
+
+
 def nonneg(d: dict[str, Any], key: str) -> int | None:
-    """`d[key]` when it is a non-negative integer."""
+    """`d[key]` when it is a non-negative integer a counter can be (`MAX_COUNT`)."""
     v = d.get(key)
-    return v if type(v) is int and v >= 0 else None
+    return v if type(v) is int and 0 <= v <= MAX_COUNT else None
+
+
+def count(d: Any, key: str) -> int | None:
+    """`nonneg` of `d[key]`, where `d` may be anything (None when it is no object)."""
+    return nonneg(d, key) if type(d) is dict else None
 
 
 _ENUM = re.compile(r"[A-Za-z0-9_.:-]{0,64}")

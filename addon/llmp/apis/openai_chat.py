@@ -12,12 +12,15 @@ from typing import Any, ClassVar
 import msgspec
 
 from llmp.apis.base import (
+    MAX_COUNT,
     MISSING,
+    CacheUsage,
     ChatApi,
     CountHints,
     Counts,
     Marks,
     content_marks,
+    count,
     digest_message,
     enum_value,
     first_int,
@@ -30,6 +33,7 @@ from llmp.apis.base import (
     nonneg_number,
     string_end,
 )
+from llmp.apis.providers import parse_ttl
 from llmp.format import canonical
 from llmp.format.canonical import dumps
 from llmp.format.fastread import LlamaTop
@@ -245,6 +249,17 @@ class OpenAIChat(ChatApi):
             },
         }
 
+    def cache_usage(self, top: dict[str, Any]) -> CacheUsage | None:
+        usage = top.get("usage")
+        if type(usage) is not dict:
+            return None
+        return openai_cache_usage(
+            count(usage, "prompt_tokens"),
+            usage.get("prompt_tokens_details"),
+            count(usage, "completion_tokens"),
+            top,
+        )
+
     def counts(self, usage: dict[str, Any], hints: CountHints) -> Counts:
         return openai_counts(usage)
 
@@ -258,7 +273,60 @@ def _int(d: dict[str, Any], key: str) -> int | None:
 
 
 def _nat(v: int | None) -> int | None:
-    return v if v is not None and v >= 0 else None
+    return v if v is not None and 0 <= v <= MAX_COUNT else None
+
+
+def openai_cache_usage(
+    prompt: int | None,
+    details: Any,
+    output: int | None,
+    top: dict[str, Any],
+    ttl: str | None = None,
+) -> CacheUsage | None:
+    """R35 for OpenAI's usage (Chat's `prompt_tokens`, Responses' `input_tokens`, either with
+    its details): `cached_tokens` read, `cache_write_tokens` written (0 where absent: before
+    GPT-5.6 nothing is billed as a write), the rest uncached.  `cache_write_tokens_details`
+    (`ttl_<ttl>_tokens`) says which writes live an hour or more.  None without a prompt
+    count or a cached count (a stream without `include_usage`, a server that says nothing)."""
+    if type(details) is not dict or prompt is None:
+        return None
+    read = count(details, "cached_tokens")
+    if read is None:
+        return None
+    write = count(details, "cache_write_tokens") or 0
+    long = 0
+    by_ttl = details.get("cache_write_tokens_details")
+    if type(by_ttl) is dict:
+        for key, n in by_ttl.items():
+            seconds = parse_ttl(key.removeprefix("ttl_").removesuffix("_tokens"))
+            if seconds is not None and seconds >= 3600 and type(n) is int and 0 < n <= MAX_COUNT:
+                long += n
+    tier, retention = top.get("service_tier"), top.get("prompt_cache_retention")
+    return CacheUsage(
+        read,
+        write,
+        min(long, write),
+        max(0, prompt - read - write),
+        output,
+        tier=tier if type(tier) is str else None,
+        retention=retention if type(retention) is str else None,
+        ttl=ttl,
+    )
+
+
+def openai_reason(diag: Any) -> str | None:
+    """R37: OpenAI's `prompt_cache_diagnostics` in its own word: `cache_hit` is `none`, a
+    `cache_miss` its `reason`, any other `type` (`comparison_response_not_found`,
+    `unavailable`) itself; None where there is none."""
+    if type(diag) is not dict:
+        return None
+    kind = diag.get("type")
+    if kind == "cache_hit":
+        return "none"
+    if kind == "cache_miss":
+        reason = diag.get("reason")
+        return reason if type(reason) is str and reason else "cache_miss"
+    return kind if type(kind) is str and kind else None
 
 
 def openai_counts(top: dict[str, Any] | LlamaTop) -> Counts:

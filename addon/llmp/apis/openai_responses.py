@@ -12,12 +12,14 @@ from typing import Any
 
 from llmp.apis.base import (
     MISSING,
+    CacheUsage,
     ChatApi,
     CountHints,
     Counts,
     Marks,
     cache_options,
     content_marks,
+    count,
     diagnosis_safe,
     digest_message,
     enum_only,
@@ -29,7 +31,7 @@ from llmp.apis.base import (
     nonneg,
     text_of,
 )
-from llmp.apis.openai_chat import timings_into
+from llmp.apis.openai_chat import openai_cache_usage, openai_reason, timings_into
 from llmp.format.canonical import dumps, tagged_text, tagged_value
 from llmp.format.schema import (
     MessageDigest,
@@ -356,6 +358,23 @@ class OpenAIResponses(ChatApi):
 
     def counts(self, usage: dict[str, Any], hints: CountHints) -> Counts:
         return responses_counts(usage)
+
+    def cache_usage(self, top: dict[str, Any]) -> CacheUsage | None:
+        usage = top.get("usage")
+        if type(usage) is not dict:
+            return None
+        options = top.get("prompt_cache_options")
+        ttl = options.get("ttl") if type(options) is dict else None
+        return openai_cache_usage(
+            count(usage, "input_tokens"),
+            usage.get("input_tokens_details"),
+            count(usage, "output_tokens"),
+            top,
+            ttl if type(ttl) is str else None,
+        )
+
+    def provider_reason(self, top: dict[str, Any]) -> str | None:
+        return openai_reason(top.get("prompt_cache_diagnostics"))
 
 
 # -- the counters (R27) ---------------------------------------------------------------

@@ -59,14 +59,18 @@ def provider_of_headers(headers: dict[str, Any] | None) -> str | None:
     return None
 
 
-def provider_of_usage(usage: Any, timings: bool = False) -> str | None:
+def provider_of_usage(usage: Any, timings: bool = False, model: Any = None) -> str | None:
     """For recordings without host or headers: the provider a usage's shape names.
 
     `usage` is the response's own `usage` object.  Anthropic's has
     `cache_creation_input_tokens` together with a `cache_creation` object; OpenAI's
     Responses usage has `input_tokens_details.cached_tokens` and no llama-server
-    `timings` beside it."""
+    `timings` beside it.  A reply whose `model` is a model file (llama-server answers
+    with its path: `…/qwen3-8b.gguf`) is a local server's whatever its usage looks like
+    (llama-server's non-streamed Responses carry no `timings` either)."""
     if not isinstance(usage, dict):
+        return None
+    if isinstance(model, str) and (model.startswith("/") or model.endswith((".gguf", ".bin"))):
         return None
     if "cache_creation_input_tokens" in usage and isinstance(usage.get("cache_creation"), dict):
         return ANTHROPIC
@@ -82,8 +86,8 @@ def provider_of(
     usage: Any = None,
     timings: bool = False,
 ) -> str | None:
-    """R34's order: the upstream host, then a provider's own response header, then the
-    usage's shape."""
+    """R34's order: the upstream host, then a provider's own response header, then, for
+    recordings made before the host was kept (`host` None), the usage's shape."""
     return (
         provider_of_host(host) or provider_of_headers(headers) or provider_of_usage(usage, timings)
     )

@@ -29,10 +29,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from llmp.apis import providers
+
 SLOTS = "slots"
 """Each slot holds one prompt; a request in between may take it (llama-server, Ollama)."""
 SHARED = "shared"
 """One prefix cache for all requests, evicted by memory pressure (vLLM, SGLang)."""
+PROVIDER = "provider"
+"""A cloud provider's prompt cache: every prefix written is kept until its time-to-live
+ends, whatever runs in between; its rules are `apis.providers`' (R35)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,19 +64,34 @@ request drops the cache with the model (`other_model`)."""
 UNKNOWN = Server("unknown", SLOTS)
 """No header and no API that says: llmp's model of one llama-server slot."""
 
+ANTHROPIC_API = Server(providers.ANTHROPIC, PROVIDER)
+OPENAI_API = Server(providers.OPENAI, PROVIDER)
+OPENROUTER_API = Server(providers.OPENROUTER, PROVIDER)
+BY_PROVIDER = {s.name: s for s in (ANTHROPIC_API, OPENAI_API, OPENROUTER_API)}
+"""The cloud providers as servers, by `apis.providers`' names (R34)."""
+
 SERVERS: tuple[Server, ...] = (LLAMA_SERVER, VLLM_OR_SGLANG, OLLAMA)
 
 _BY_API = {"ollama_chat": OLLAMA}
 """APIs only one server speaks."""
 
 
-def identify(header: str | None, api_name: str | None = None, timings: bool = False) -> Server:
-    """The server that answered: from its counters, its `server` header, the API spoken.
+def identify(
+    header: str | None,
+    api_name: str | None = None,
+    timings: bool = False,
+    provider: str | None = None,
+) -> Server:
+    """The server that answered: a cloud provider (R34, told by `apis.providers.provider_of`
+    from the upstream host, its headers or its usage), else from its counters, its `server`
+    header, the API spoken.
 
     `timings`: the response carried llama-server's `timings` (its prompt time, which
     neither vLLM nor SGLang sends).  They win over the header: a proxy in front (a
     LiteLLM on uvicorn) answers with its own header but passes llama-server's counters.
     """
+    if provider is not None and provider in BY_PROVIDER:
+        return BY_PROVIDER[provider]
     if api_name in _BY_API:
         return _BY_API[api_name]
     if timings:
@@ -115,11 +135,16 @@ PROMPT_SIZE_PATTERNS = (
 """Where an error body gives the prompt's size (lower-cased text)."""
 
 __all__ = [
+    "ANTHROPIC_API",
+    "BY_PROVIDER",
     "CONTEXT_ERROR_MARKERS",
     "CONTEXT_SIZE_PATTERNS",
     "LLAMA_SERVER",
     "OLLAMA",
+    "OPENAI_API",
+    "OPENROUTER_API",
     "PROMPT_SIZE_PATTERNS",
+    "PROVIDER",
     "SERVERS",
     "SHARED",
     "SLOTS",

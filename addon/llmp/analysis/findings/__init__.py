@@ -31,6 +31,20 @@ from llmp.analysis.findings.evictions import (
     OtherModelEviction,
     SideCallOnModel,
 )
+from llmp.analysis.findings.provider import (
+    BELOW_CACHE_MINIMUM,
+    BREAKPOINT_TOO_FAR,
+    CACHE_EXPIRED,
+    NO_CACHE_BREAKPOINT,
+    PROVIDER_EVICTED,
+    UNREAD_CACHE_WRITES,
+    BelowCacheMinimum,
+    BreakpointTooFar,
+    CacheExpired,
+    NoCacheBreakpoint,
+    ProviderEvicted,
+    UnreadCacheWrites,
+)
 from llmp.analysis.findings.server import SERVER_CACHE_LOSS, ServerCacheLoss
 from llmp.analysis.findings.volatile import VOLATILE_HEAD, VolatileHead
 
@@ -57,6 +71,13 @@ class Findings:
         LargeSystemPrompt,
         ContextOverflow,
         VolatileHead,
+        # The cloud providers' (R35): their losses, then the money a client could keep.
+        CacheExpired,
+        BreakpointTooFar,
+        ProviderEvicted,
+        BelowCacheMinimum,
+        NoCacheBreakpoint,
+        UnreadCacheWrites,
     )
 
     def __init__(self, cfg: Config) -> None:
@@ -113,16 +134,22 @@ BY_KIND: dict[str, type[FindingKind]] = {kind.name: kind for kind in Findings.ki
 """Each kind's class by its name: the readable report's sentence, the gate's line."""
 
 __all__ = [
+    "BELOW_CACHE_MINIMUM",
+    "BREAKPOINT_TOO_FAR",
     "BY_KIND",
+    "CACHE_EXPIRED",
     "CONTEXT_OVERFLOW",
     "KINDS",
     "LARGE_SYSTEM_PROMPT",
     "LARGE_TOOL_SCHEMA",
+    "NO_CACHE_BREAKPOINT",
     "OTHER_CONVERSATION_EVICTION",
     "OTHER_MODEL_EVICTION",
     "PREFIX_BREAK",
+    "PROVIDER_EVICTED",
     "SERVER_CACHE_LOSS",
     "SIDE_CALL_ON_MODEL",
+    "UNREAD_CACHE_WRITES",
     "UNUSED_TOOL",
     "VOLATILE_HEAD",
     "FindingKind",

@@ -129,6 +129,8 @@ class LossGroup:
 
     rows: list[int] = field(default_factory=list)
     tokens: int = 0
+    usd: float | None = None
+    """R36: the dollars of its priced losses (a provider's), None when none was priced."""
     charged: int = 0
     """Rows that brought a charged loss (a `Loss`): their tokens are the finding's."""
     measured: int = 0
@@ -171,6 +173,8 @@ class LossGroup:
         if loss is not None:
             self.tokens += loss.tokens
             self.charged += 1
+            if loss.usd is not None:
+                self.usd = loss.usd if self.usd is None else self.usd + loss.usd
         if loss is None or loss.ms is None:
             self.untimed.append(row_id)
         else:
@@ -179,6 +183,8 @@ class LossGroup:
     def merge(self, other: LossGroup) -> None:
         self.rows.extend(other.rows)
         self.tokens += other.tokens
+        if other.usd is not None:
+            self.usd = other.usd if self.usd is None else self.usd + other.usd
         self.charged += other.charged
         self.measured += other.measured
         self.unmeasured += other.unmeasured
@@ -266,6 +272,7 @@ def loss_finding(
         "evidence": {},
         "untimed_rows": sorted(g.untimed),
         "minor": has_tokens and g.tokens < cfg.min_lost_tokens,
+        "lost_usd": None if g.usd is None else round(g.usd, 6),
     }
 
 
