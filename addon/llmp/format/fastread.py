@@ -204,6 +204,8 @@ class Request(_Strict):
     body: None = None
     body_text: str | None = None
     digest: FastRequestDigest | None = None
+    upstream: str | None = None
+    added: list[str] | None = None
 
 
 class Response(_Strict):

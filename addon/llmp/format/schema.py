@@ -106,6 +106,8 @@ class RequestPart(TypedDict):
     body: Any
     body_text: str | None
     digest: RequestDigest | None
+    upstream: NotRequired[str | None]  # R34, additive: the host it was sent to
+    added: NotRequired[list[str] | None]  # R37, additive: what the recorder added
 
 
 class ResponsePart(TypedDict):

@@ -143,6 +143,11 @@ class Capture:
     tokenize: str | None = None
     """The upstream's base URL when the record is to carry its token counts
     (`llmp_tokenize`); the builder asks it, never the client's path."""
+    upstream: str | None = None
+    """The host the request was sent to (R34's `request.upstream`): no port, no path."""
+    added: list[str] | None = None
+    """What the recorder added to the request on its way upstream (`request.added`:
+    the opt-in diagnosis, R37); None when it sent the client's request as it was."""
     cut_at_shutdown: bool = False
     """Still in flight when the proxy shut down (R13's `upstream_reset`, unless the
     stream's end event had already been relayed: R29)."""

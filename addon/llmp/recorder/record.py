@@ -108,6 +108,10 @@ def _request_part(
         "body": None,
         "body_text": None,
         "digest": None,
+        # The body and digest are the client's request; `added` names what the
+        # recorder added on the way upstream (R37).
+        "upstream": cap.upstream,
+        "added": cap.added,
     }
     if cap.request_body is None:  # too large: forwarded, not stored (R12)
         return part, None
