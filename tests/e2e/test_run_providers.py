@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -269,6 +270,65 @@ def test_codex_forward_to_openai_over_http_and_diagnosed(fake: Upstream, tmp_pat
     assert records[-1]["request"]["added"] == ["prompt_cache_options.comparison_response_id"]
     own = records[-1]["request"]["body"].get("prompt_cache_options") or {}
     assert "comparison_response_id" not in own  # the record is of Codex's own request
+    no_secrets(rec, OPENAI_KEY)
+
+
+# -- llmp run's own forward proxy, offline ------------------------------------------
+
+
+def offline(host: str) -> None:
+    """Skip unless `host` cannot be resolved here: these runs must never reach a provider."""
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return
+    pytest.skip(f"{host} resolves here: this test would send a request to the real provider")
+
+
+def test_llmp_run_claude_default_is_a_forward_proxy_to_anthropic(tmp_path: Path) -> None:
+    """`llmp run -- claude` alone: Claude Code trusts the recorder's CA and sends its
+    requests for api.anthropic.com through it (which cannot reach it here: the record
+    says `upstream_unreachable`), its key never written."""
+    offline("api.anthropic.com")
+    home = tmp_path / "home"
+    home.mkdir()
+    claude = harness_bin("claude", CLAUDE_PACKAGE, home)
+    env = {**claude_env(home, claude.parent), "CLAUDE_CODE_MAX_RETRIES": "0"}
+    rec = tmp_path / "rec.jsonl"
+    done = run([LLMP, "run", "--out", str(rec), "--", "claude", "-p", "hi"], env, project(tmp_path))
+    lines = done.stderr.splitlines()
+    assert "-> https://api.anthropic.com, recording to" in lines[0], done.stderr
+    assert "as a forward proxy (HTTPS_PROXY, NODE_EXTRA_CA_CERTS)" in lines[1]
+    records = chat_records(rec, "/v1/messages")
+    assert records, done.stderr[-3000:]
+    for r in records:
+        assert r["request"]["upstream"] == "api.anthropic.com"
+        assert r["request"]["headers"]["user-agent"].startswith("claude-cli/")
+        assert r["error"] == "upstream_unreachable"
+    assert {r["request"]["upstream"] for r in read_records(rec)} == {"api.anthropic.com"}
+    assert done.returncode != 0
+    no_secrets(rec, ANTHROPIC_KEY)
+
+
+def test_llmp_run_codex_default_is_a_forward_proxy_to_openai(tmp_path: Path) -> None:
+    """`llmp run -- codex exec …` with an API key: Codex trusts the recorder's CA, its
+    WebSocket is refused and its turn sent over HTTP to api.openai.com (unreachable
+    here), its key never written."""
+    offline("api.openai.com")
+    env, _ = codex_env(tmp_path)
+    env["CODEX_API_KEY"] = OPENAI_KEY
+    rec = tmp_path / "rec.jsonl"
+    command = ["codex", "exec", "--skip-git-repo-check", "-m", "gpt-5.5", "hi"]
+    done = run([LLMP, "run", "--out", str(rec), "--", *command], env, project(tmp_path))
+    lines = done.stderr.splitlines()
+    assert "-> https://api.openai.com/v1, recording to" in lines[0], done.stderr
+    assert "Codex (API key)" in lines[1] and "CODEX_CA_CERTIFICATE" in lines[1]
+    records = read_records(rec)
+    assert records and all(r["request"]["method"] == "POST" for r in records)  # no WebSocket
+    assert chat_records(rec, "/v1/responses") == records
+    assert {(r["request"]["upstream"], r["error"]) for r in records} == {
+        ("api.openai.com", "upstream_unreachable")
+    }
     no_secrets(rec, OPENAI_KEY)
 
 
