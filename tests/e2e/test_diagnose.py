@@ -10,6 +10,7 @@ The fakes' log holds the bytes the "provider" received.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import ssl
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -245,3 +247,30 @@ def test_never_toward_a_local_server(fake: Upstream, tmp_path: Path) -> None:
     assert [e.request_body for e in got] == sent.bodies
     assert [r["request"]["added"] for r in read_records(rec)] == [None] * 3
     assert {r["request"]["upstream"] for r in records} == {"127.0.0.1"}
+
+
+def test_a_compressed_body_is_changed_and_compressed_again(fake: Upstream, tmp_path: Path) -> None:
+    """Claude Code may gzip its request bodies: the field goes into the decoded JSON."""
+    rec = tmp_path / "rec.jsonl"
+    sent = Sent()
+    body = json.dumps(
+        {
+            "model": "claude-sonnet-5",
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+    ).encode()
+    with forward(fake, rec, diagnose=True) as md, httpx.Client(**proxied(md, sent)) as http:
+        http.post(
+            "https://api.anthropic.com/v1/messages",
+            content=gzip.compress(body),
+            headers={"content-type": "application/json", "content-encoding": "gzip"},
+        )
+        records = wait_for_records(rec, 1)
+    (e,) = received(fake, "/v1/messages")
+    assert e.request_header("content-encoding") == "gzip"
+    assert e.request_header("content-length") == str(len(e.request_body))
+    got = gzip.decompress(e.request_body)
+    assert got == body[:-1] + b',"diagnostics":{"previous_message_id":null}}'
+    assert records[0]["request"]["added"] == ["diagnostics", "anthropic-beta"]
+    assert records[0]["request"]["body_bytes"] == len(sent.bodies[0])
