@@ -114,6 +114,7 @@ def test_anthropic_is_asked_with_the_conversations_previous_message(
         id3, conv = say(client, conv, "write one", stream=True)
         say(client, other, "go on", stream=True)
         records = wait_for_records(rec, 5)
+        assert "llmp: diagnosis on (llmp_diagnose)" in md.log_text()
     got = received(fake, "/v1/messages")
     assert len(got) == 5
     asked = [e.request_json["diagnostics"] for e in got]
@@ -167,6 +168,7 @@ def test_without_the_option_not_one_byte_changes(fake: Upstream, tmp_path: Path)
             max_output_tokens=32,
         )
         records = wait_for_records(rec, 4)
+        assert "diagnosis on" not in md.log_text()
     got = [e for e in fake.log if e.method == "POST"]
     assert [e.request_body for e in got] == sent.bodies
     assert [e.request_header("anthropic-beta") for e in got] == sent.betas

@@ -180,6 +180,13 @@ class Recorder:
                 s.limit,
                 s.connect_timeout,
             )
+            if s.diagnose:
+                log.info(
+                    "llmp: diagnosis on (llmp_diagnose): requests to Anthropic and to OpenAI's "
+                    "Responses API ask the provider why a turn missed its cache (request.added)"
+                )
+            if s.refuse_websockets:
+                log.info("llmp: WebSocket upgrades to a chat API are answered 426, for HTTP")
             if s.live:
                 log.info(
                     "llmp: live view on: a line per chat request, a warning above %s "
