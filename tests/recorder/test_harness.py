@@ -230,3 +230,15 @@ def test_allow_pattern_matches_only_that_host() -> None:
     assert rx.search("api.openai.com:443")
     assert not rx.search("xapi.openai.com:443") and not rx.search("api.openai.com.evil:443")
     assert not rx.search("api-openai.com:443")
+
+
+def test_codex_own_override_of_the_address_gives_way_to_the_recorders() -> None:
+    command = [
+        "codex", "exec", "-c", 'openai_base_url="http://127.0.0.1:8080/v1"', "-c", "model=\"m\"",
+        "--config=openai_base_url=http://127.0.0.1:8080/v1", "hi",
+    ]  # fmt: skip
+    p = plan(command)
+    assert p.reverse and p.config_key == "openai_base_url"
+    assert command_for(p, command, PROXY) == [
+        "codex", "-c", f'openai_base_url="{PROXY}/v1"', "exec", "-c", 'model="m"', "hi",
+    ]  # fmt: skip

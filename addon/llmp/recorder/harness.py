@@ -148,11 +148,25 @@ def child_env(
 
 def command_for(plan: Plan, command: Sequence[str], proxy: str) -> list[str]:
     """The command to run: Codex given the recorder's address with `-c` where its
-    provider's address is a config key; otherwise the command as it was."""
-    if plan.reverse and plan.config_key is not None:
-        value = json.dumps(proxy + plan.path)  # a TOML basic string
-        return [command[0], "-c", f"{plan.config_key}={value}", *command[1:]]
-    return list(command)
+    provider's address is a config key (the command's own `-c` for that key taken
+    out: a later one would win); otherwise the command as it was."""
+    if not (plan.reverse and plan.config_key is not None):
+        return list(command)
+    value = json.dumps(proxy + plan.path)  # a TOML basic string
+    rest: list[str] = []
+    args = list(command[1:])
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        pair = args[i + 1] if arg in ("-c", "--config") and i + 1 < len(args) else None
+        if arg.startswith("--config="):
+            pair = arg.removeprefix("--config=")
+        if pair is not None and pair.partition("=")[0].strip() == plan.config_key:
+            i += 1 if arg.startswith("--config=") else 2
+            continue
+        rest.append(arg)
+        i += 1
+    return [command[0], "-c", f"{plan.config_key}={value}", *rest]
 
 
 # -- Claude Code ----------------------------------------------------------------------
