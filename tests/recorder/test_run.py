@@ -216,3 +216,44 @@ def test_the_report_is_of_this_session_only(tmp_path: Path, llama: Upstream) -> 
     assert "1 chat request analysed" in second.stderr  # not 3: the file holds both
     lines = (tmp_path / "day.jsonl").read_text().splitlines()
     assert [json.loads(x)["id"] for x in lines] == [1, 2, 1]
+
+
+# -- without --upstream: claude and codex only, and only where a plan exists -----------
+
+
+@pytest.mark.parametrize(
+    ("name", "extra", "reason"),
+    [
+        ("aider", {}, "--upstream is required"),
+        ("claude", {"HTTPS_PROXY": "http://corp:3128"}, "HTTPS_PROXY is already set"),
+        ("claude", {"CLAUDE_CODE_USE_VERTEX": "1"}, "CLAUDE_CODE_USE_VERTEX"),
+        ("codex", {"https_proxy": "http://corp:3128"}, "https_proxy is already set"),
+    ],
+)
+def test_no_upstream_refused_in_one_line(
+    tmp_path: Path, name: str, extra: dict[str, str], reason: str
+) -> None:
+    """Refused before anything starts (the program never runs, no file is made)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    program = bin_dir / name
+    program.write_text("#!/bin/sh\necho ran > ran.txt\n")
+    program.chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "CODEX_API_KEY": "k",
+        **extra,
+    }
+    done = subprocess.run(
+        [LLMP, "run", "--out", "rec.jsonl", "--", name],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("llmp run: ") and reason in lines[0], lines
+    assert not (tmp_path / "ran.txt").exists() and not (tmp_path / "rec.jsonl").exists()

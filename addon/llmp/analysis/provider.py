@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 BILLING_MAX_CHARS = 200
 """Claude Code's billing line (`x-anthropic-billing-header: cc_version=…; cc_entrypoint=…;`,
 with a per-request `cch=…` on newer versions) is about 75–110 characters."""
-BILLING_PREFIX = "x-anthropic-billing-header:"
 CLAUDE_CODE_UA = "claude-cli/"
 
 NOT_READY = "not_ready"
@@ -74,7 +73,7 @@ def billing_line(ex: Exchange) -> bool:
     if ex.n_sys == 0:
         return False
     if ex.texts is not None:
-        return ex.texts[0].startswith(BILLING_PREFIX)
+        return providers.anthropic_billing_block(ex.texts[0])
     chars = ex.msgs[0].chars
     return (
         (ex.user_agent or "").startswith(CLAUDE_CODE_UA)

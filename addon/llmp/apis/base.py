@@ -76,6 +76,7 @@ __all__ = [
     "string_end",
     "text_of",
     "tools_part",
+    "top_level_spans",
 ]
 
 
@@ -514,13 +515,29 @@ _WS = b" \t\r\n"
 _SPACE = re.compile(rb"[ \t\r\n]*")
 
 
-def _top_level(data: bytes) -> dict[str, msgspec.Raw] | None:
+def top_level_spans(
+    data: bytes,
+) -> tuple[dict[str, msgspec.Raw], dict[str, tuple[int, int]]] | None:
+    """The top-level values of a JSON object, unparsed, and where each lies in `data`
+    (start, end); None where `_top_level` says None.  Raises if `data` is no JSON.
+
+    For a change that must keep every other byte of a body as it was (the recorder's
+    opt-in diagnosis, R37)."""
+    spans: dict[str, tuple[int, int]] = {}
+    top = _top_level(data, spans)
+    return None if top is None else (top, spans)
+
+
+def _top_level(
+    data: bytes, spans: dict[str, tuple[int, int]] | None = None
+) -> dict[str, msgspec.Raw] | None:
     """The top-level values of a JSON object, unparsed; None if a key repeats.
 
     msgspec keeps a repeated key's last value and skips the others without
     checking their text (UTF-8, escapes), which a full parse would reject.
     So the text must be exactly `{`, each key as a JSON string, `:` and its
     value, in order and `,`-separated, then `}`, with whitespace between.
+    `spans`, when given, gets each value's (start, end) in `data`.
     """
     top = _ENVELOPE.decode(data)
     if not top:
@@ -542,6 +559,8 @@ def _top_level(data: bytes) -> dict[str, msgspec.Raw] | None:
         pos = ws(data, pos + 1).end()  # type: ignore[union-attr]
         if not data.startswith(raw, pos):
             return None
+        if spans is not None:
+            spans[key] = (pos, pos + len(raw))
         pos += len(raw)
         opener = b","
     return top if data[pos:].strip(_WS) == b"}" else None

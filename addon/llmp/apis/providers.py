@@ -93,6 +93,61 @@ def provider_of(
     )
 
 
+# -- R37's opt-in diagnosis --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnosisAsk:
+    """How a provider is asked for its own cache diagnosis (R37): on which API's
+    requests, in which top-level field and key, and with which beta value."""
+
+    provider: str
+    api: str
+    """The `ChatApi.name` of the requests that may carry it."""
+    field: str
+    """The top-level request field: Anthropic's `diagnostics`, OpenAI's
+    `prompt_cache_options`."""
+    key: str
+    """The key in it naming the earlier response: `previous_message_id`,
+    `comparison_response_id`."""
+    beta: str | None
+    """The `anthropic-beta` value the request needs, or None."""
+
+    @property
+    def added_name(self) -> str:
+        """The name `request.added` gives what is added: the field itself where the
+        whole field is added (Anthropic), its key's path where one key is merged into
+        an object the client may already send (OpenAI)."""
+        return self.field if self.provider == ANTHROPIC else f"{self.field}.{self.key}"
+
+
+def diagnosis_ask(provider: str | None, model: str | None) -> DiagnosisAsk | None:
+    """How to ask `provider` for its diagnosis of a request for `model`, or None when it
+    gives none: Anthropic for every model; OpenAI's Responses API for the explicit
+    generation only (GPT-5.6 and later)."""
+    if provider == ANTHROPIC:
+        a = facts()[ANTHROPIC]
+        field, key = a["diagnosis_request"]
+        return DiagnosisAsk(ANTHROPIC, a["diagnosis_api"], field, key, a["diagnosis_beta"])
+    if provider == OPENAI and openai_explicit(model):
+        o = facts()[OPENAI]
+        field, key = o["diagnosis_request"]
+        return DiagnosisAsk(OPENAI, o["diagnosis_api"], field, key, None)
+    return None
+
+
+def diagnosis_apis(provider: str | None) -> frozenset[str]:
+    """The APIs whose requests toward `provider` may be asked for a diagnosis."""
+    if provider in (ANTHROPIC, OPENAI):
+        return frozenset((facts()[provider]["diagnosis_api"],))
+    return frozenset()
+
+
+def anthropic_billing_block(text: str) -> bool:
+    """Whether a system block's text is Claude Code's billing line (R35)."""
+    return text.startswith(facts()[ANTHROPIC]["billing_block_prefix"])
+
+
 # -- Anthropic --------------------------------------------------------------------
 
 
@@ -182,9 +237,13 @@ __all__ = [
     "OPENAI",
     "OPENROUTER",
     "PROVIDERS",
+    "DiagnosisAsk",
     "OpenAICache",
+    "anthropic_billing_block",
     "anthropic_minimum_tokens",
     "anthropic_ttl_seconds",
+    "diagnosis_apis",
+    "diagnosis_ask",
     "facts",
     "openai_cache",
     "openai_explicit",

@@ -12,9 +12,10 @@ for, and answers the reserved `/_llmp/` paths itself.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from mitmproxy import connection, ctx, exceptions, http
@@ -28,11 +29,16 @@ from llmp.recorder.errors import classify_error
 from llmp.recorder.rotate import DailyFile
 from llmp.recorder.writer import LiveSpec, RecordingError, RecordingFile, RecordWriter
 
+if TYPE_CHECKING:
+    from llmp.recorder.diagnose import Diagnosis
+
 log = logging.getLogger("llmp")
 
 READY = "llmp: recording to"
 _STATE = "llmp"  # key in flow.metadata
 _RESERVED = "llmp_reserved"  # flow.metadata key of a request for a /_llmp/ path
+_REFUSED = "llmp_refused"  # flow.metadata key of a WebSocket upgrade answered 426
+_DIAGNOSED = "llmp_diagnosed"  # flow.metadata key: the diagnosis remembers this request
 _JSON = {"content-type": "application/json", "cache-control": "no-store"}
 _RESERVED_PREFIX = llmp_live.RESERVED_PREFIX.encode()  # matched against the raw path
 
@@ -58,6 +64,9 @@ class Recorder:
         # Connect-timeout timers, and the client connections whose connect they gave up on.
         self._connect_timers: dict[str, asyncio.TimerHandle] = {}
         self._timed_out: set[str] = set()
+        # The opt-in diagnosis (`llmp_diagnose`): its state and its one worker thread.
+        self._diagnosis: Diagnosis | None = None
+        self._diagnose_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -123,6 +132,23 @@ class Recorder:
                 raise exceptions.OptionsError(str(exc)) from None
             self._live_key = key
         self.settings = settings
+        self._set_diagnosis(settings.diagnose)
+
+    def _set_diagnosis(self, on: bool) -> None:
+        """Start or stop the opt-in diagnosis; its module (and the APIs it parses with)
+        is imported only when it is on."""
+        if on and self._diagnosis is None:
+            from llmp.recorder.diagnose import Diagnosis
+
+            self._diagnosis = Diagnosis()
+            self._diagnose_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="llmp-diagnose"
+            )
+        elif not on and self._diagnosis is not None:
+            self._diagnosis = None
+            if self._diagnose_pool is not None:
+                self._diagnose_pool.shutdown(wait=False)
+                self._diagnose_pool = None
 
     def _live_spec(self, s: llmp_options.Settings) -> LiveSpec | None:
         """The live view these settings ask for, from the next id on.
@@ -155,6 +181,13 @@ class Recorder:
                 s.limit,
                 s.connect_timeout,
             )
+            if s.diagnose:
+                log.info(
+                    "llmp: diagnosis on (llmp_diagnose): requests to Anthropic and to OpenAI's "
+                    "Responses API ask the provider why a turn missed its cache (request.added)"
+                )
+            if s.refuse_websockets:
+                log.info("llmp: WebSocket upgrades to a chat API are answered 426, for HTTP")
             if s.live:
                 log.info(
                     "llmp: live view on: a line per chat request, a warning above %s "
@@ -170,6 +203,7 @@ class Recorder:
         self._finished = True
         for timer in self._connect_timers.values():
             timer.cancel()
+        self._set_diagnosis(False)
         if self.writer is None:
             return
         for cap in sorted(self._inflight.values(), key=lambda c: c.id):
@@ -231,6 +265,10 @@ class Recorder:
             return
         if self.writer is None:
             return
+        if self.settings is not None and self.settings.refuse_websockets and _chat_websocket(req):
+            # Answered in `request`: a chat over a WebSocket would be no record at all.
+            flow.metadata[_REFUSED] = True
+            return
         self._last_id += 1
         # References only (the fields are an immutable tuple): the builder decodes
         # and filters them (`Capture.settle`), off the client's path.
@@ -258,6 +296,11 @@ class Recorder:
         if flow.metadata.get(_RESERVED):
             flow.response = await self._reserved(flow.request.method, flow.request.path)
             return
+        if flow.metadata.get(_REFUSED):
+            flow.response = http.Response.make(
+                426, b"llmp: send this over HTTP\n", {"content-type": "text/plain"}
+            )
+            return
         cap = flow.metadata.get(_STATE)
         if cap is None or self.settings is None:
             return
@@ -268,7 +311,52 @@ class Recorder:
             cap.set_error("body_too_large")  # forwarded unchanged, stored as nothing (R12)
             cap.request_body = None
         else:
-            cap.request_body = body
+            cap.request_body = body  # the client's bytes: the record is of what it sent
+            if self._diagnosis is not None and body:
+                await self._diagnose(flow, cap, body)
+
+    async def _diagnose(self, flow: http.HTTPFlow, cap: Capture, body: bytes) -> None:
+        """R37: ask a provider for its own cache diagnosis, off the event loop.
+
+        The request waits for this (it is what is sent), and only this: the parse
+        and the rewrite run on the diagnosis's one worker thread.
+        """
+        from llmp.apis import api_name
+        from llmp.apis.providers import provider_of_host
+        from llmp.recorder import diagnose
+
+        diagnosis, pool = self._diagnosis, self._diagnose_pool
+        req = flow.request
+        provider = provider_of_host(req.host)
+        api = api_name(req.method, req.path)
+        if (
+            diagnosis is None
+            or pool is None
+            or provider is None
+            or not diagnose.wants(provider, api)
+        ):
+            return
+        encoding = req.headers.get("content-encoding")
+        beta = req.headers.get_all(diagnose.BETA_HEADER)
+        try:
+            done = await asyncio.get_running_loop().run_in_executor(
+                pool, _diagnosed_body, diagnosis, cap.id, provider, api, body, encoding, beta
+            )
+        except Exception:  # never lose the request over it: it goes as the client sent it
+            log.exception("llmp: the diagnosis of request %d failed; sent unchanged", cap.id)
+            diagnosis.forget(cap.id)
+            return
+        if done is None:
+            return
+        raw, beta_values, added = done
+        flow.metadata[_DIAGNOSED] = True
+        if raw is not None:
+            req.raw_content = raw
+            if "transfer-encoding" not in req.headers:
+                req.headers["content-length"] = str(len(raw))
+        if beta_values is not None:
+            req.headers.set_all(diagnose.BETA_HEADER, beta_values)
+        cap.added = list(added) or None
 
     async def _reserved(self, method: str, path: str) -> http.Response:
         """The answer to a request for a /_llmp/ path; never forwarded upstream."""
@@ -321,6 +409,12 @@ class Recorder:
         if resp is not None and resp.stream is False and resp.raw_content:
             # A body mitmproxy buffered anyway (another addon turned streaming off).
             cap.add_piece(resp.raw_content, self.settings.limit if self.settings else 1 << 25)
+        if flow.metadata.get(_DIAGNOSED) and self._diagnosis is not None:
+            if resp is not None and 200 <= resp.status_code < 300:
+                # Its id is read at the next provider request, on the worker thread.
+                self._diagnosis.responded(cap.id, cap.pieces, resp.headers.get("content-encoding"))
+            else:
+                self._diagnosis.forget(cap.id)
         self._end(cap)
 
     def error(self, flow: http.HTTPFlow) -> None:
@@ -328,6 +422,8 @@ class Recorder:
         if cap is None:
             return
         msg = flow.error.msg if flow.error else ""
+        if flow.metadata.get(_DIAGNOSED) and self._diagnosis is not None:
+            self._diagnosis.forget(cap.id)
         if not cap.request_complete:
             # mitmproxy words a client that hangs up mid-body exactly like a
             # server that dies mid-body; only the client was sending then.
@@ -351,6 +447,43 @@ class Recorder:
             cap.t_end_ms = now_ms()
         if self.writer is not None:
             self.writer.submit(cap)
+
+
+def _chat_websocket(req: http.Request) -> bool:
+    """A WebSocket upgrade to a chat API's path (Codex's Responses over a WebSocket)."""
+    if req.headers.get("upgrade", "").lower() != "websocket":
+        return False
+    from llmp.apis import api_for
+
+    return api_for("POST", req.path) is not None
+
+
+def _diagnosed_body(
+    diagnosis: Diagnosis,
+    seq: int,
+    provider: str,
+    api: str,
+    body: bytes,
+    encoding: str | None,
+    beta: list[str],
+) -> tuple[bytes | None, list[str] | None, tuple[str, ...]] | None:
+    """On the diagnosis's worker thread: the body to send (encoded as the client's was),
+    the `anthropic-beta` values, and what was added; None: send it unchanged."""
+    from mitmproxy.net import encoding as codec
+
+    try:
+        data = codec.decode(body, encoding) if encoding else body
+    except ValueError:  # an encoding mitmproxy cannot undo: sent as it came
+        return None
+    if not isinstance(data, bytes):
+        return None
+    rewrite = diagnosis.request(seq, provider, api, data, beta)
+    if rewrite is None:
+        return None
+    raw = rewrite.body
+    if raw is not None and encoding:
+        raw = codec.encode(raw, encoding)
+    return raw, rewrite.beta, rewrite.added
 
 
 def _refuse(flow: http.HTTPFlow) -> None:

@@ -61,6 +61,22 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "the client's path, into the record's `tokens`; false: never ask.",
     ),
     OptionSpec(
+        "llmp_diagnose",
+        bool,
+        False,
+        "Ask a cloud provider for its own cache diagnosis (R37): add Anthropic's "
+        "`diagnostics` (and its beta value), or OpenAI's "
+        "`prompt_cache_options.comparison_response_id`, naming the conversation's previous "
+        "response. Off: every byte goes upstream as the client sent it.",
+    ),
+    OptionSpec(
+        "llmp_refuse_websockets",
+        bool,
+        False,
+        "Answer a WebSocket upgrade to a chat API's path with 426 Upgrade Required, so a "
+        "client that can (Codex) sends its turns over HTTP, which the recorder reads.",
+    ),
+    OptionSpec(
         "llmp_connect_timeout",
         str,  # mitmproxy options have no float type; parsed by validate()
         CONNECT_TIMEOUT,
@@ -122,6 +138,8 @@ class Settings:
     rotate: str
     limit: int
     tokenize: bool
+    diagnose: bool
+    refuse_websockets: bool
     connect_timeout: float
     live: bool
     live_warn_ms: int
@@ -161,6 +179,12 @@ def validate(values: dict[str, Any]) -> Settings:
     tokenize = values["llmp_tokenize"]
     if not isinstance(tokenize, bool):
         raise OptionError(f"llmp_tokenize must be true or false, not {tokenize!r}")
+    flags: dict[str, bool] = {}
+    for name in ("llmp_diagnose", "llmp_refuse_websockets"):
+        value = values[name]
+        if not isinstance(value, bool):
+            raise OptionError(f"{name} must be true or false, not {value!r}")
+        flags[name] = value
     live = values["llmp_live"]
     if not isinstance(live, bool):
         raise OptionError(f"llmp_live must be true or false, not {live!r}")
@@ -192,6 +216,8 @@ def validate(values: dict[str, Any]) -> Settings:
         rotate=rotate,
         limit=int(limit),
         tokenize=tokenize,
+        diagnose=flags["llmp_diagnose"],
+        refuse_websockets=flags["llmp_refuse_websockets"],
         connect_timeout=float(timeout),
         live=live,
         live_warn_ms=warn["llmp_live_warn_ms"],

@@ -41,6 +41,8 @@ FLAG_FOR_OPTION: dict[str, str] = {
     "llmp_limit": "--limit",
     "llmp_connect_timeout": "--connect-timeout",
     "llmp_tokenize": "--no-tokenize",
+    "llmp_diagnose": "--diagnose",
+    "llmp_refuse_websockets": "--refuse-websockets",
     "llmp_live": "--no-live",
     "llmp_live_warn_ms": "--warn-ms",
     "llmp_live_warn_tokens": "--warn-tokens",
@@ -186,6 +188,9 @@ class ProxyConfig:
     settings: llmp_options.Settings
     confdir: str
     verbose: bool = False
+    allow_hosts: tuple[str, ...] = ()
+    """Forward mode: mitmproxy's `allow_hosts` (patterns of `host:port`); only these
+    hosts' TLS is read, every other connection is tunnelled as it is (`llmp run`)."""
 
     @property
     def forward(self) -> bool:
@@ -240,6 +245,8 @@ def build_config(args: argparse.Namespace) -> ProxyConfig:
         values["llmp_connect_timeout"] = parse_seconds(args.connect_timeout)
     values["llmp_live"] = not args.no_live
     values["llmp_tokenize"] = not args.no_tokenize
+    values["llmp_diagnose"] = bool(getattr(args, "diagnose", False))
+    values["llmp_refuse_websockets"] = bool(getattr(args, "refuse_websockets", False))
     if args.warn_ms is not None:
         values["llmp_live_warn_ms"] = parse_count(args.warn_ms, "--warn-ms")
     if args.warn_tokens is not None:
@@ -393,6 +400,8 @@ def make_master(cfg: ProxyConfig, *, termlog: bool = True, addons: tuple[Any, ..
             # from changing options inside its own configure.
             connection_strategy="lazy",
         )
+        if cfg.allow_hosts:
+            opts.update(allow_hosts=list(cfg.allow_hosts))
         if termlog:  # the dumper's option: it prints the flows to the terminal
             opts.update(flow_detail=1 if cfg.verbose else 0)
         # Not known until the recorder's `load` adds them: deferred, then
@@ -477,6 +486,18 @@ def add_recorder_flags(parser: argparse.ArgumentParser) -> None:
         "--no-tokenize",
         action="store_true",
         help="do not ask the upstream's /tokenize for each new message's token count",
+    )
+    parser.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="ask Anthropic or OpenAI (GPT-5.6 and later) for their own cache diagnosis of "
+        "each turn: adds a field naming the conversation's previous response (R37)",
+    )
+    parser.add_argument(
+        "--refuse-websockets",
+        action="store_true",
+        help="answer a WebSocket upgrade to a chat API with 426, so the client (Codex) "
+        "falls back to HTTP, which is recorded",
     )
     parser.add_argument(
         "--no-live",

@@ -15,17 +15,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from llmp.recorder import harness
 from llmp.recorder import options as llmp_options
 from llmp.recorder.proxy import (
+    ProxyConfig,
     UsageError,
     add_recorder_flags,
     build_config,
@@ -105,7 +109,27 @@ class _Ready:
             self.port.set_result(listening_port(self.default))
 
 
-async def _session(cfg: Any, command: Sequence[str]) -> tuple[int, bool]:
+def _ca_bundle(plan: harness.Plan, ca_cert: str, where: str) -> str:
+    """The CA file the harness is pointed at: mitmproxy's, with the ones it already
+    trusted through the same variable (a company's CA) written beside it."""
+    if not os.path.isfile(ca_cert):
+        raise UsageError(f"mitmproxy's CA certificate {ca_cert} is missing")
+    if not plan.ca_include:
+        return ca_cert
+    bundle = os.path.join(where, "ca-bundle.pem")
+    with open(bundle, "wb") as out:
+        for path in (*plan.ca_include, ca_cert):
+            try:
+                with open(path, "rb") as src:
+                    out.write(src.read().rstrip(b"\n") + b"\n")
+            except OSError as exc:
+                raise UsageError(f"cannot read the CA file {path}: {exc.strerror or exc}") from None
+    return bundle
+
+
+async def _session(
+    cfg: ProxyConfig, command: Sequence[str], plan: harness.Plan | None = None
+) -> tuple[int, bool]:
     """Run the recorder and the child; the child's exit code, and whether it started."""
     ready = _Ready(cfg.port)
     master, recorder = make_master(cfg, termlog=False, addons=(ready,))
@@ -113,6 +137,7 @@ async def _session(cfg: Any, command: Sequence[str]) -> tuple[int, bool]:
     proxy_task = asyncio.ensure_future(master.run())
     started = False
     code = 0
+    scratch = tempfile.TemporaryDirectory(prefix="llmp-run-")
     try:
         waiter = asyncio.ensure_future(asyncio.shield(ready.port))
         done, _ = await asyncio.wait({waiter, proxy_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -121,16 +146,25 @@ async def _session(cfg: Any, command: Sequence[str]) -> tuple[int, bool]:
             raise UsageError("the recording proxy stopped before it listened (see the log)")
         port = ready.port.result()
         proxy = f"http://127.0.0.1:{port}"
-        assert cfg.upstream is not None
-        env = child_env(dict(os.environ), cfg.upstream, proxy)
+        argv = list(command)
+        if plan is None:
+            assert cfg.upstream is not None
+            target = cfg.upstream
+            env = child_env(dict(os.environ), cfg.upstream, proxy)
+        else:
+            target = plan.upstream
+            bundle = None if plan.reverse else _ca_bundle(plan, cfg.ca_cert, scratch.name)
+            env = harness.child_env(plan, os.environ, proxy, bundle)
+            argv = harness.command_for(plan, command, proxy)
         print(
-            f"{PROG}: {command[0]} through {proxy} -> {cfg.upstream}, recording to "
-            f"{cfg.settings.file}",
+            f"{PROG}: {command[0]} through {proxy} -> {target}, recording to {cfg.settings.file}",
             file=sys.stderr,
             flush=True,
         )
+        if plan is not None:
+            print(f"{PROG}: {plan.describe()}", file=sys.stderr, flush=True)
         try:
-            child = await asyncio.create_subprocess_exec(*command, env=env)
+            child = await asyncio.create_subprocess_exec(*argv, env=env)
         except OSError as exc:
             raise UsageError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
         started = True
@@ -149,6 +183,7 @@ async def _session(cfg: Any, command: Sequence[str]) -> tuple[int, bool]:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
     finally:
+        scratch.cleanup()
         master.shutdown()
         try:
             await proxy_task
@@ -202,17 +237,21 @@ def _run(args: argparse.Namespace) -> int:
     if html is not None and not html.resolve().parent.is_dir():
         print(f"{PROG}: --html {html}: no such directory", file=sys.stderr)
         return 2
+    plan: harness.Plan | None = None
     if not args.upstream:
-        print(
-            f"{PROG}: --upstream is required, e.g. --upstream http://127.0.0.1:8080",
-            file=sys.stderr,
-        )
-        return 2
+        try:
+            plan = _plan(args, command)
+        except UsageError as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 2
     args.out = args.out or llmp_options.default_file()
     if args.live_log is None and not args.no_live:
         args.live_log = live_log_for(os.path.abspath(os.path.expanduser(args.out)))
     try:
         cfg = build_config(args)
+        if plan is not None and not plan.reverse:
+            hosts = tuple(harness.allow_pattern(h) for h in plan.allow_hosts)
+            cfg = dataclasses.replace(cfg, allow_hosts=hosts)
         check_bindable(cfg.host, cfg.port)
         check_confdir(cfg.confdir)
         log_file = cfg.settings.live_log or live_log_for(cfg.settings.file)
@@ -222,7 +261,7 @@ def _run(args: argparse.Namespace) -> int:
             since = 0
         handler = _setup_logging(log_file, cfg.verbose)
         try:
-            code, started = asyncio.run(_session(cfg, command))
+            code, started = asyncio.run(_session(cfg, command, plan))
         finally:
             logging.getLogger().removeHandler(handler)
             handler.close()
@@ -244,20 +283,62 @@ def _run(args: argparse.Namespace) -> int:
     return code
 
 
+def _read_text(path: str) -> str | None:
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _plan(args: argparse.Namespace, command: Sequence[str]) -> harness.Plan:
+    """Without --upstream: the harness's own provider (`harness.plan_for`), and the
+    recorder's flags it needs; a `UsageError` when there is none."""
+    try:
+        plan = harness.plan_for(command, os.environ, _read_text)
+    except harness.PlanError as exc:
+        raise UsageError(str(exc)) from None
+    if plan is None:
+        raise UsageError(
+            "--upstream is required, e.g. --upstream http://127.0.0.1:8080 "
+            "(without it, llmp run records claude and codex against their own provider)"
+        )
+    if not plan.reverse:
+        held = [name for name in harness.PROXY_VARS if os.environ.get(name)]
+        if held:
+            raise UsageError(
+                f"{held[0]} is already set; llmp run would put its recorder in that proxy's "
+                "place: unset it, or record with llmp proxy (docs/proxy.md)"
+            )
+    args.upstream = plan.root if plan.reverse else None
+    args.forward = not plan.reverse
+    args.refuse_websockets = args.refuse_websockets or plan.refuse_websockets
+    if not (plan.reverse and plan.root.startswith("http://")):
+        # A provider or a gateway has no /tokenize: message text goes nowhere else (R35).
+        args.no_tokenize = True
+    return plan
+
+
 def register(sub: Any) -> None:
     """Add the `run` subcommand."""
     parser = sub.add_parser(
         "run",
-        help="record one harness session and explain it: llmp run --upstream URL -- COMMAND",
+        help="record one harness session and explain it: llmp run [--upstream URL] -- COMMAND",
         description=(
             "Start the recorder on a free loopback port, run COMMAND with its base-URL "
             "variables (OPENAI_BASE_URL, ANTHROPIC_BASE_URL, OLLAMA_HOST, and any variable "
             "set to the upstream) pointed at it, and when COMMAND exits, print the report of "
-            "that session on stderr and exit with COMMAND's exit code."
+            "that session on stderr and exit with COMMAND's exit code. Without --upstream, "
+            "claude and codex are recorded against their own provider (Anthropic's or "
+            "OpenAI's API, a ChatGPT login, a configured base URL), their credentials "
+            "untouched."
         ),
     )
     parser.add_argument(
-        "--upstream", metavar="URL", help="the model server, e.g. http://127.0.0.1:8080"
+        "--upstream",
+        metavar="URL",
+        help="the model server, e.g. http://127.0.0.1:8080 (claude and codex: by default "
+        "their own provider)",
     )
     parser.add_argument(
         "--listen",

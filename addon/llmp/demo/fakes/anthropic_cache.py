@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from llmp.apis.providers import anthropic_ttl_seconds, facts
+from llmp.apis.providers import anthropic_billing_block, anthropic_ttl_seconds, facts
 from llmp.demo.fakes.model import count_tokens
 
 Tier = Literal["tools", "system", "messages"]
@@ -66,15 +66,12 @@ def _sha(*parts: str) -> str:
     return h.hexdigest()
 
 
-BILLING_PREFIX = "x-anthropic-billing-header:"
-
-
 def billing_line(block: dict[str, Any]) -> bool:
     """Claude Code's first system block, `x-anthropic-billing-header: cc_version=…;`: its
     text changes between requests, and the API still reads the prefix behind it (first-party
     hit ratios near 0.99 are reported with a per-request hash in it; wire-formats.md)."""
     text = block.get("text")
-    return block.get("type") == "text" and isinstance(text, str) and text.startswith(BILLING_PREFIX)
+    return block.get("type") == "text" and isinstance(text, str) and anthropic_billing_block(text)
 
 
 def block_tokens(block: dict[str, Any]) -> int:
