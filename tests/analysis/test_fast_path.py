@@ -102,6 +102,7 @@ def test_response_server_header_read_alike(tmp_path: Path) -> None:
         assert fast_lines(served) == fast_lines(plain) > 0
         reports[server] = report_bytes([served], fast=True)
         assert reports[server] == report_bytes([served], fast=False)
+
     # llama-server's header changes no verdict: only the server the report names (which
     # its timings already named where it sent them).
     def unnamed(report: bytes) -> Any:

@@ -134,7 +134,11 @@ def test_untimed_server_gives_nulls_not_zeros(tmp_path: Path) -> None:
         assert row["observed_reuse"] is None and row["loss_measured"] is False
     assert rep["coverage"]["turns_with_timing"] == 0 and rep["coverage"]["turns_with_reuse"] == 0
     assert rep["servers"] == [
-        {"api": "openai_chat", "server": "unknown", "fields": ["prompt_tokens", "completion_tokens"]}
+        {
+            "api": "openai_chat",
+            "server": "unknown",
+            "fields": ["prompt_tokens", "completion_tokens"],
+        }
     ]
 
 

@@ -129,10 +129,10 @@ def test_the_month_loop_and_query_sum_lost_seconds_per_server_and_client(
     monkeypatch.chdir(tmp_path / "llmp")  # "run in ~/llmp"
     rel = duckdb.sql(block("sql", "## A month of files"))
     got = [dict(zip(rel.columns, values, strict=True)) for values in rel.fetchall()]
-    assert rel.columns == ["server", "client", "lost_s", "turns", "days"]
-    assert [(g["server"], g["client"]) for g in got] == sorted(expected)
+    assert rel.columns == ["machine", "client", "lost_s", "turns", "days"]
+    assert [(g["machine"], g["client"]) for g in got] == sorted(expected)
     for g in got:
-        ms, turns = expected[(g["server"], g["client"])][:2]
+        ms, turns = expected[(g["machine"], g["client"])][:2]
         assert g["lost_s"] == pytest.approx(round(ms / 1000, 3), abs=1e-9), g
-        assert g["turns"] == turns and g["days"] == len(days[(g["server"], g["client"])]), g
+        assert g["turns"] == turns and g["days"] == len(days[(g["machine"], g["client"])]), g
     assert sum(g["lost_s"] for g in got) > 1  # the recordings did lose time

@@ -245,7 +245,11 @@ def test_chains_prefer_the_same_system_but_still_link_a_changed_one() -> None:
     c.remember(2, turn("m", 2, "a"), "msg_side")  # the same history under another system
     assert c.previous(3, turn("m", 1, "a", "b", "c")) == "msg_main"
     assert c.previous(3, turn("m", 9, "a", "b", "c")) == "msg_side"  # none has it: the latest
-    assert c.previous(3, turn("other-model", 1, "a", "b", "c")) is None
+    # On another model, the latest request with those messages: the conversation went on
+    # with another model, and the provider can say `model_changed`.
+    assert c.previous(3, turn("other-model", 1, "a", "b", "c")) == "msg_side"
+    c.remember(3, turn("other-model", 1, "a", "b", "c"), "msg_other")
+    assert c.previous(4, turn("other-model", 1, "a", "b", "c", "d")) == "msg_other"
     assert c.previous(2, turn("m", 2, "a", "b")) is None  # only earlier requests count
     assert c.previous(3, turn("m", 1, "x", "a")) is None  # not a prefix
 

@@ -95,58 +95,67 @@ class Rewrite:
 class Chains:
     """The conversation's previous turn of a request, and its response id: the rule.
 
-    A request's previous turn is the latest earlier request, on the same API and the
-    same model, whose messages (by llmp's message identity, `ChatApi.item_digest`'s
-    hash: moved `cache_control` and a Responses item's `id` do not count, R22, R30)
-    are all of this request's first messages, and whose response's id is known.  Of
-    those, one with the same system prompt wins (Claude Code's billing line left
-    out, R35): a side-call that resends the history under another system prompt is
-    never taken for the turn before the next one; where none has it, the latest
-    still is, so a changed system prompt is compared too.  Bounded: the oldest
-    `max_turns` go first.
+    A request's previous turn is the earlier request, on the same API and the same
+    model, that shares the longest start of its messages with it (by llmp's message
+    identity, `ChatApi.item_digest`'s hash: moved `cache_control` and a Responses item's
+    `id` do not count, R22, R30), the latest of those; of them, one with the same system
+    prompt wins (Claude Code's billing line left out, R35), so a side-call that resends
+    the history under another system prompt is never taken for the turn before the next
+    one.  So a turn that continues its conversation is compared with the turn before it,
+    and one that rewrote its history with the turn it rewrote, as the analysis links
+    them (docs/analysis.md §6).  Where no request on the same model shares a start, one
+    on another model whose messages are all this one's first is taken: the conversation
+    went on with another model, and the provider can say `model_changed` (R35).
+    Bounded: the oldest `max_turns` requests go first.
     """
 
     def __init__(self, max_turns: int = MAX_TURNS) -> None:
         self.max_turns = max_turns
-        self._seqs: collections.OrderedDict[int, tuple[Any, Any]] = collections.OrderedDict()
-        self._any: dict[Any, tuple[int, str]] = {}
+        self._seqs: collections.OrderedDict[int, list[Any]] = collections.OrderedDict()
+        self._starts: dict[Any, tuple[int, str]] = {}
+        """By (API, model, n, the first n messages): the latest request that began so."""
         self._same: dict[Any, tuple[int, str]] = {}
+        """The same, with the system prompt."""
+        self._models: dict[Any, tuple[int, str]] = {}
+        """By the messages alone (all of them), whatever the model."""
 
     def __len__(self) -> int:
         return len(self._seqs)
 
     def previous(self, seq: int, turn: Turn) -> str | None:
         """The response id of `turn`'s previous turn (request `seq`), or None."""
-        same: tuple[int, str] | None = None
-        latest: tuple[int, str] | None = None
+        for n in range(len(turn.prefixes), 0, -1):
+            key = (turn.api, turn.model, n, turn.prefixes[n - 1])
+            for hit in (self._same.get((turn.system, key)), self._starts.get(key)):
+                if hit is not None and hit[0] < seq:
+                    return hit[1]
+        other: tuple[int, str] | None = None
         for n, chain in enumerate(turn.prefixes, 1):
-            key = (turn.api, turn.model, n, chain)
-            hit = self._same.get((turn.system, key))
-            if hit is not None and hit[0] < seq and (same is None or hit[0] > same[0]):
-                same = hit
-            hit = self._any.get(key)
-            if hit is not None and hit[0] < seq and (latest is None or hit[0] > latest[0]):
-                latest = hit
-        best = same or latest
-        return None if best is None else best[1]
+            hit = self._models.get((turn.api, n, chain))
+            if hit is not None and hit[0] < seq and (other is None or hit[0] > other[0]):
+                other = hit
+        return None if other is None else other[1]
 
     def remember(self, seq: int, turn: Turn, response_id: str) -> None:
         """Request `seq` (`turn`) was answered as `response_id`."""
         if not turn.prefixes or seq in self._seqs:
             return
-        key = (turn.api, turn.model, len(turn.prefixes), turn.prefixes[-1])
-        same_key = (turn.system, key)
-        for index, k in ((self._any, key), (self._same, same_key)):
+        keys: list[Any] = []
+        for n, chain in enumerate(turn.prefixes, 1):
+            key = (turn.api, turn.model, n, chain)
+            keys += [(self._starts, key), (self._same, (turn.system, key))]
+        keys.append((self._models, (turn.api, len(turn.prefixes), turn.prefixes[-1])))
+        for index, k in keys:
             held = index.get(k)
             if held is None or held[0] < seq:
                 index[k] = (seq, response_id)
-        self._seqs[seq] = (key, same_key)
+        self._seqs[seq] = keys
         while len(self._seqs) > self.max_turns:
-            old, (k, sk) = self._seqs.popitem(last=False)
-            for index, kk in ((self._any, k), (self._same, sk)):
-                held = index.get(kk)
+            old, old_keys = self._seqs.popitem(last=False)
+            for index, k in old_keys:
+                held = index.get(k)
                 if held is not None and held[0] == old:
-                    del index[kk]
+                    del index[k]
 
 
 def _chain(hashes: Iterable[str]) -> tuple[int, ...]:

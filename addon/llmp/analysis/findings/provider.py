@@ -20,6 +20,7 @@ from llmp.analysis.advice import CLAUDE_CODE, harness_of
 from llmp.analysis.causes import BREAKPOINT_TOO_FAR, BY_NAME, CACHE_EXPIRED, PROVIDER_EVICTED
 from llmp.analysis.findings.base import (
     HIGH,
+    LOW,
     MEDIUM,
     FindingKind,
     Label,
@@ -563,6 +564,10 @@ class UnreadCacheWrites(MoneyKind):
         return out
 
     def confidence(self, g: _Money) -> str:
+        """High for writes that expired unread; low where every one was merely still
+        unread when the recording ended (a later request might have read it)."""
+        if g.unread_at_end >= len(g.rows):
+            return LOW
         return MEDIUM if g.unread_at_end else HIGH
 
     def evidence(self, g: _Money) -> dict[str, Any]:
