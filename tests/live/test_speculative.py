@@ -48,7 +48,10 @@ def test_the_turn_event_and_line_carry_the_draft(tmp_path: Path) -> None:
     view.close()
     events = {ev["id"]: ev for ev in view.ring}
     assert list(events) == [1, 2, 3, 4]
-    assert list(TURN_FIELDS[-2:]) == ["draft_n", "draft_n_accepted"]  # additive, at the end
+    # Additive, after every field before them (later additions come after them in turn).
+    at = TURN_FIELDS.index("draft_n")
+    assert list(TURN_FIELDS[at : at + 2]) == ["draft_n", "draft_n_accepted"]
+    assert at > TURN_FIELDS.index("warn")
     for rid, ev in events.items():
         assert list(ev) == list(TURN_FIELDS)
         text = request_line(ev)

@@ -154,9 +154,9 @@ CAUSES: tuple[Cause, ...] = (
         PROVIDER,
         "the provider dropped the cache entry",
         "The prefix was the same, within its time-to-live and the lookback, and still not "
-        "read: the provider evicted it or routed the request elsewhere. Keep one "
-        "prompt_cache_key per conversation and under about 15 requests a minute per prefix "
-        "and key (OpenAI's overflow); otherwise nothing on the client's side changes it.",
+        "read: the provider evicted it or routed the request elsewhere. Nothing on the "
+        "client's side changes that, but on OpenAI: more than about 15 requests a minute on "
+        "one prefix and prompt_cache_key overflow to other machines.",
         "#117733",
         light_text=True,
     ),

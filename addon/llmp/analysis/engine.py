@@ -632,6 +632,8 @@ class Engine:
         row.prov = prov
         if prov is None or usage is None:
             return
+        # On a provider a loss needs only its counts (tokens and dollars), not a time.
+        row.loss_measured = True
         rates = self.cfg.pricing().rates(
             ex.served_model, prov.provider, ex.t_start, usage.tier, usage.prompt
         )

@@ -21,6 +21,7 @@ from llmp.analysis.words import (
     duration,
     join_names,
     lost_text,
+    money,
     n_of,
     short_model,
     value_of,
@@ -172,11 +173,17 @@ def render(
         console.print(line)
     console.print()
 
+    # On a provider, money first (R36).
+    for line in money_lines(header.get("cost")):
+        console.print(line)
+
     # Prefill and loss.
     t = header["time"]
     prefill = value_of(t["prefill_ms"])
     lost = value_of(t["lost_ms"])
-    if prefill is None:
+    if prefill is None and header.get("cost"):
+        pass  # a provider's prefill is its own; the proxy times only streamed replies
+    elif prefill is None:
         console.print("No request was timed, so the prefill time is unknown.")
     else:
         detail = n_of(t["lost_tokens"], "token")
@@ -196,19 +203,26 @@ def render(
         )
     if t["by_cause"]:
         table = Table(title="Loss by cause", title_justify="left")
-        table.add_column("cause")
-        table.add_column("turns", justify="right")
-        table.add_column("tokens", justify="right")
-        table.add_column("time", justify="right")
-        table.add_column("% of prefill", justify="right")
+        priced = any(c.get("usd") is not None for c in t["by_cause"].values())
+        timed = prefill is not None or not priced  # on a provider, time only when timed
+        columns = ["cause", "turns", "tokens", *(["time", "% of prefill"] if timed else [])]
+        for col in [*columns, *(["cost"] if priced else [])]:
+            table.add_column(col, justify="left" if col == "cause" else "right")
         ranked = sorted(
             t["by_cause"].items(),
-            key=lambda kv: -(value_of(kv[1]["ms"]) or 0) - kv[1]["tokens"] / 1e9,
+            key=lambda kv: (
+                -(value_of(kv[1]["ms"]) or 0) - (kv[1].get("usd") or 0) - kv[1]["tokens"] / 1e9
+            ),
         )
         for cause, c in ranked:
             ms = value_of(c["ms"])
             pct = f"{ms / prefill:.1%}" if ms is not None and prefill else "-"
-            table.add_row(cause_words(cause), str(c["rows"]), f"{c['tokens']:,}", duration(ms), pct)
+            cells = [cause_words(cause), str(c["rows"]), f"{c['tokens']:,}"]
+            if timed:
+                cells += [duration(ms), pct]
+            if priced:
+                cells.append(money(c["usd"]) if c.get("usd") is not None else "-")
+            table.add_row(*cells)
         console.print(table)
         cut = [
             f
@@ -252,6 +266,11 @@ def render(
     else:
         console.print("No findings: nothing was lost that the recording can show.")
     console.print()
+    agreement = agreement_lines(header.get("provider_agreement"))
+    if agreement:
+        for line in agreement:
+            console.print(line)
+        console.print()
 
     # Per client, its conversations.
     by_client: dict[str, list[ConversationSummary]] = {}
@@ -278,6 +297,9 @@ def render(
             ("lost", "right"),
         ):
             table.add_column(col, justify=just)  # type: ignore[arg-type]
+        priced = any(c.cost_usd is not None for c in convs)
+        if priced:
+            table.add_column("cost", justify="right")
         convs.sort(key=lambda c: (-(_mv(c.lost_ms.result()) or 0), c.number))
         for conv in convs[:per_client]:
             table.add_row(
@@ -287,11 +309,62 @@ def render(
                 str(conv.turns),
                 f"{conv.prompt_tokens:,}" if conv.prompt_tokens is not None else "-",
                 duration(_mv(conv.prefill.result())),
-                duration(_mv(conv.lost_ms.result())) if conv.lost_tokens else "-",
+                _conversation_loss(conv),
+                *([money(conv.cost_usd) if conv.cost_usd is not None else "-"] if priced else []),
             )
         if len(convs) > per_client:
             table.caption = f"… and {len(convs) - per_client} more conversations"
         console.print(table)
+
+
+def _conversation_loss(conv: ConversationSummary) -> str:
+    """A conversation's loss as the table shows it: its time, or on a provider its dollars
+    where the proxy could not time it."""
+    if not conv.lost_tokens:
+        return "-"
+    ms = _mv(conv.lost_ms.result())
+    if ms is None and conv.lost_usd is not None:
+        return money(conv.lost_usd)
+    return duration(ms)
+
+
+def money_lines(cost: Any) -> list[str]:
+    """What a provider's traffic cost (R36), first: `$4.12 spent, $1.37 of it on cache
+    misses.`  None on a local server."""
+    if not isinstance(cost, dict):
+        return []
+    total, lost = cost.get("total_usd"), cost.get("lost_usd")
+    unread = cost.get("unread_write_usd")
+    line = f"{money(total)} spent, {money(lost)} of it on cache misses"
+    if unread:
+        line += f", and {money(unread)} on cache writes no request read"
+    lines = [line + f" (prices: {cost.get('prices')})."]
+    unpriced = cost.get("unpriced_models") or []
+    if unpriced:
+        lines.append(
+            f"No price is known for {join_names(unpriced)}: their requests are not in these "
+            "figures (--prices FILE gives one)."
+        )
+    return lines
+
+
+def agreement_lines(agreement: Any) -> list[str]:
+    """The provider's own diagnosis against llmp's causes (R37), disagreements named."""
+    if not isinstance(agreement, dict):
+        return []
+    compared, agreed = agreement.get("compared", 0), agreement.get("agreed", 0)
+    if not compared:
+        return ["The provider's own cache diagnosis named no miss to compare."]
+    lines = [
+        f"The provider's own cache diagnosis: {n_of(compared, 'miss')} compared, llmp "
+        f"agreed on {agreed}."
+    ]
+    for d in agreement.get("disagreed") or []:
+        lines.append(
+            f"  request #{d.get('row')}: llmp says {d.get('llmp') or 'no loss'}, the provider "
+            f"says {d.get('provider')}"
+        )
+    return lines
 
 
 def speculative_text(spec: dict[str, Any]) -> str:

@@ -103,6 +103,10 @@ class ConversationSummary:
     prefill: Sum = field(default_factory=Sum)
     lost_tokens: int = 0
     lost_ms: Sum = field(default_factory=Sum)
+    cost_usd: float | None = None
+    """What its turns cost on a provider (R36); None where none was priced."""
+    lost_usd: float | None = None
+    """What its losses cost beyond reading the same tokens from the cache (R36)."""
 
 
 @dataclass
@@ -277,6 +281,10 @@ class Totals:
             if loss is not None:
                 s.lost_tokens += loss.tokens
                 s.lost_ms.add(loss.ms)
+                if loss.usd is not None:
+                    s.lost_usd = loss.usd + (s.lost_usd or 0.0)
+        if row.cost_usd is not None:
+            s.cost_usd = row.cost_usd + (s.cost_usd or 0.0)
 
     def tool_stats(self) -> dict[tuple[int, str], ToolStats]:
         """Per client key and tool name: size, offers, calls, when, sessions."""

@@ -38,22 +38,39 @@ def duration(ms: float | None) -> str:
     return f"{s / 3600:.1f} h"
 
 
+def money(usd: float | None) -> str:
+    """`$1.37`, `$0.004`: dollars as a person reads them (cents from a dime up, else the
+    first digits that are not zero)."""
+    if usd is None:
+        return "an unknown amount"
+    if usd >= 0.1 or usd == 0:
+        return f"${usd:,.2f}"
+    if usd >= 0.001:
+        return f"${usd:.3f}"
+    return f"${usd:.2g}" if usd >= 1e-6 else "under $0.000001"
+
+
 def value_of(mv: Any) -> float | None:
     """A report measure's value (`{"value": …, "source": …}`), or None."""
     return float(mv["value"]) if isinstance(mv, dict) else None
 
 
 def lost_text(f: dict[str, Any]) -> str:
-    """What a loss finding cost: time when timed, else tokens, else why not."""
+    """What a loss finding cost: dollars on a provider, time when timed, else tokens, else
+    why not."""
     ms = value_of(f.get("lost_ms"))
     tokens = f.get("lost_tokens")
+    usd = f.get("lost_usd")
+    if isinstance(usd, (int, float)) and tokens is not None:
+        timed = f" and {duration(ms)}" if ms is not None else ""
+        return f"{money(usd)}{timed} lost ({n_of(tokens, 'token')})"
     if ms is not None:
         text = f"{duration(ms)} lost"
         if tokens is not None:
-            text += f" ({tokens:,} tokens)"
+            text += f" ({n_of(tokens, 'token')})"
         return text
     if tokens is not None:
-        return f"{tokens:,} tokens re-processed (not timed)"
+        return f"{n_of(tokens, 'token')} re-processed (not timed)"
     return "loss not measured (the server reports no cache counters)"
 
 
@@ -109,6 +126,7 @@ __all__ = [
     "each_of",
     "join_names",
     "lost_text",
+    "money",
     "n_of",
     "plural",
     "short_model",

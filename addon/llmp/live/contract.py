@@ -75,6 +75,10 @@ TURN_FIELDS: tuple[str, ...] = (
     "warn",
     "draft_n",
     "draft_n_accepted",
+    # Additive (R34-R36): the server that answered, and on a provider what it cost.
+    "server",
+    "cost_usd",
+    "lost_usd",
 )
 
 

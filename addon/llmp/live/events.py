@@ -13,7 +13,7 @@ from llmp.analysis.causes import words
 from llmp.analysis.classify import SIDE_CALL, STATELESS, TURN
 from llmp.analysis.loss import STRUCTURAL, UNDETERMINED, Between
 from llmp.analysis.rows import Loss, Row
-from llmp.analysis.words import SHAPE_WORDS, duration, join_names, n_of, short_model
+from llmp.analysis.words import SHAPE_WORDS, duration, join_names, money, n_of, short_model
 from llmp.format.measure import MV, clean, weakest
 from llmp.live.contract import VERSION
 
@@ -89,6 +89,8 @@ def turn_event(row: Row, btw: Between | None, label: Callable[[int], str]) -> di
     losses = [x for x in (row.lost_client, row.lost_external) if x is not None]
     lost_tokens: int | None
     lost_ms: float | None
+    priced = [x.usd for x in losses if x.usd is not None]
+    lost_usd = round(sum(priced), 6) if priced else None
     if row.kind != TURN:
         lost_tokens = lost_ms = None  # side-calls and stateless rows are compared with nothing
     elif losses:
@@ -149,6 +151,9 @@ def turn_event(row: Row, btw: Between | None, label: Callable[[int], str]) -> di
         "warn": False,
         "draft_n": row.draft_n,
         "draft_n_accepted": row.draft_n_accepted,
+        "server": row.server,
+        "cost_usd": row.cost_usd,
+        "lost_usd": lost_usd if row.kind == TURN else None,
     }
 
 
@@ -186,7 +191,11 @@ def request_line(ev: dict[str, Any]) -> str:
     line = f"{head}: {', '.join(facts)}"
     lost = ev.get("lost_tokens")
     if lost:
-        line += f"; lost {n_of(lost, 'token')} ({duration(ev['lost_ms'])}): {ev['cause_text']}"
+        usd = ev.get("lost_usd")
+        price = f"{money(usd)}, " if usd is not None else ""
+        line += (
+            f"; lost {n_of(lost, 'token')} ({price}{duration(ev['lost_ms'])}): {ev['cause_text']}"
+        )
     return ("llmp: warning: " if ev.get("warn") else "llmp: ") + line
 
 

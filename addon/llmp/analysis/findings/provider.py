@@ -30,7 +30,7 @@ from llmp.analysis.findings.base import (
     loss_finding,
     merged_by_label,
 )
-from llmp.analysis.words import advised, duration, lost_text, n_of, short_model, times
+from llmp.analysis.words import advised, duration, lost_text, money, n_of, short_model, times
 from llmp.apis import providers
 
 if TYPE_CHECKING:
@@ -53,15 +53,6 @@ def _usd(value: float) -> float:
 
 def _tokens(n: Any) -> str:
     return n_of(n, "token") if isinstance(n, int) else "an unknown number of tokens"
-
-
-def money(usd: float | None) -> str:
-    """`$1.37`, `$0.004`: dollars as a person reads them."""
-    if usd is None:
-        return "an unknown amount"
-    if usd >= 0.1 or usd == 0:
-        return f"${usd:,.2f}"
-    return f"${usd:.3f}" if usd >= 0.001 else f"${usd:.6f}".rstrip("0")
 
 
 # -- the losses ----------------------------------------------------------------------------
@@ -611,5 +602,4 @@ __all__ = [
     "NoCacheBreakpoint",
     "ProviderEvicted",
     "UnreadCacheWrites",
-    "money",
 ]

@@ -15,8 +15,8 @@ from llmp.analysis.html.common import (
     _when,
 )
 from llmp.analysis.html.page import _Page
-from llmp.analysis.render import duration, sentence, speculative_text
-from llmp.analysis.words import n_of
+from llmp.analysis.render import agreement_lines, duration, sentence, speculative_text
+from llmp.analysis.words import money, n_of
 
 # -- sections ------------------------------------------------------------------
 
@@ -79,6 +79,7 @@ def _header(p: _Page, report: dict[str, Any], rows: list[dict[str, Any]], title:
             "",
         ),
     ]
+    cards = _money_cards(report) + cards
     specs = [s for s in report.get("speculative") or [] if isinstance(s, dict)]
     drafted = sum(_int(s.get("draft_n")) or 0 for s in specs)
     if drafted:
@@ -104,6 +105,35 @@ def _header(p: _Page, report: dict[str, Any], rows: list[dict[str, Any]], title:
             + "; ".join(_e(speculative_text(s)) for s in specs)
             + ".</p>\n"
         )
+
+
+def _money_cards(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """On a provider, money leads the page (R36): what was spent, what misses cost, what
+    writes nobody read cost, and how llmp's causes compare with the provider's own (R37)."""
+    cost = _obj_or_none(report, "cost")
+    if cost is None:
+        return []
+    total = cost.get("total_usd")
+    lost = cost.get("lost_usd")
+    share = f"{lost / total:.0%} of the spend, " if total and lost is not None else ""
+    cards = [
+        ("Spent", money(total), f"priced by {cost.get('prices')}", ""),
+        ("On misses", money(lost), share + "beyond reading from the cache", "bad" if lost else ""),
+    ]
+    unread = cost.get("unread_write_usd")
+    if unread:
+        cards.append(("Unread writes", money(unread), "cache writes no request read", ""))
+    agreement = _obj_or_none(report, "provider_agreement")
+    if agreement is not None and agreement.get("compared"):
+        cards.append(
+            (
+                "Provider agrees",
+                f"{agreement.get('agreed')} / {agreement.get('compared')}",
+                "misses where the provider's own diagnosis names llmp's cause",
+                "" if agreement.get("agreed") == agreement.get("compared") else "bad",
+            )
+        )
+    return cards
 
 
 def _loss_by_cause(p: _Page, report: dict[str, Any]) -> None:
@@ -138,6 +168,8 @@ def _loss_by_cause(p: _Page, report: dict[str, Any]) -> None:
         value = f"{duration(ms) if ms is not None else 'not timed'} · {tokens:,} tokens · " + (
             f"{n_of(n, 'turn')}{share}"
         )
+        if v.get("usd") is not None:
+            value = f"{money(v['usd'])} · {value}"
         words = _cause_words(cause)
         p.add(
             f'<g class="cause-bar" data-cause="{_e(_cause_key(cause))}">'
@@ -177,6 +209,9 @@ def _findings(p: _Page, report: dict[str, Any]) -> None:
             + "</li>\n"
         )
     p.add("</ol>\n")
+    agreement = agreement_lines(report.get("provider_agreement"))
+    if agreement:
+        p.add('<p class="note agreement">' + "<br>".join(_e(x) for x in agreement) + "</p>\n")
 
 
 def _clients(p: _Page, report: dict[str, Any]) -> None:
