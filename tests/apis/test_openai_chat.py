@@ -198,6 +198,22 @@ def test_counts_cached_tokens_then_the_difference() -> None:
     assert (flat.reused_tokens, flat.evaluated_tokens) == ((90, SERVER), (10, SERVER))
 
 
+def test_counts_vllms_cache_writes() -> None:
+    """vLLM 0.32's `created_cache_tokens`: what the request wrote into the cache, as the
+    real CPU build sent it (prompt 355: two blocks of 128 written, 99 left out)."""
+    details = {"cached_tokens": 0, "created_cache_tokens": 256, "multimodal_tokens": None}
+    c = counts({"usage": {"prompt_tokens": 355, "prompt_tokens_details": details}}, CountHints())
+    assert c.cache_write_tokens == (256, SERVER)
+    assert (c.reused_tokens, c.evaluated_tokens) == ((0, SERVER), (355, SERVER))
+    # Not sent (every other server), or not a count: not said.
+    plain = {"usage": {"prompt_tokens": 100, "prompt_tokens_details": {"cached_tokens": 64}}}
+    assert counts(plain, CountHints()).cache_write_tokens is None
+    bad = {"cached_tokens": 0, "created_cache_tokens": -1}
+    assert (
+        counts({"usage": {"prompt_tokens_details": bad}}, CountHints()).cache_write_tokens is None
+    )
+
+
 def test_counts_deepseek_hit_and_miss() -> None:
     c = counts(
         {"usage": {"prompt_cache_hit_tokens": 30, "prompt_cache_miss_tokens": 5}}, CountHints()

@@ -230,11 +230,14 @@ def _nat(v: int | None) -> int | None:
 def openai_counts(top: dict[str, Any] | LlamaTop) -> Counts:
     """llama-server, vLLM, SGLang, OpenRouter, DeepSeek, Ollama's /v1 (docs/analysis.md §4).
 
+    vLLM's `prompt_tokens_details.created_cache_tokens` (what the request wrote into the
+    cache) is `Counts.cache_write_tokens`.
+
     `top` is the reply's top level as the plain reader parses it, or llama-server's
     as the fast path decodes it (`fastread.LlamaTop`): only the reading differs, and
     gives the same values (an integer, a time any number, else None)."""
     prompt = completion = cache_n = prompt_n = predicted = None
-    details = flat = hit_n = miss_n = None
+    details = flat = hit_n = miss_n = created = None
     pm = dm = None
     if isinstance(top, LlamaTop):
         u, t = top.usage, top.timings
@@ -250,7 +253,9 @@ def openai_counts(top: dict[str, Any] | LlamaTop) -> Counts:
         if type(usage) is dict:
             prompt, completion = _int(usage, "prompt_tokens"), _int(usage, "completion_tokens")
             d = usage.get("prompt_tokens_details")
-            details = _int(d, "cached_tokens") if type(d) is dict else None
+            if type(d) is dict:
+                details = _int(d, "cached_tokens")
+                created = _int(d, "created_cache_tokens")  # vLLM: what it wrote
             flat = _int(usage, "cached_tokens")
             hit_n = _int(usage, "prompt_cache_hit_tokens")
             miss_n = _int(usage, "prompt_cache_miss_tokens")
@@ -284,6 +289,8 @@ def openai_counts(top: dict[str, Any] | LlamaTop) -> Counts:
     if completion is None:
         completion = _nat(predicted)
     c = Counts.server(prompt, completion, reused, evaluated)
+    if (created := _nat(created)) is not None:
+        c.cache_write_tokens = (created, SERVER)
     if pm is not None and pm >= 0:
         c.prefill_ms = (pm, SERVER)
     if dm is not None and dm >= 0:
