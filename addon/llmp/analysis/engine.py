@@ -50,7 +50,6 @@ from llmp.analysis.report import (
 )
 from llmp.analysis.rows import Row
 from llmp.apis.base import Counts
-from llmp.apis.servers import UNKNOWN
 from llmp.format.measure import SERVER, weakest
 
 
@@ -327,6 +326,7 @@ class Engine:
         )
         row.kind, row.side_call_shape, row.client = TURN, None, conv.client
         row.conversation, row.turn = conv.number, 1
+        row.server = s.server_for(ex.served_model).name
         _set_verdict(row, losses(st, row.counts, None, self.cfg))
         fed.between = Between([], [], [], [])
         s.touch(conv)
@@ -341,7 +341,7 @@ class Engine:
                 o.side_calls_between = btw.side_calls
                 o.other_conversations_between = btw.other_conversations
                 down = o.linked_to is not None and s.down_since(o.linked_to)
-                server = s.servers.get(o.served, UNKNOWN)
+                server = s.server_for(o.served)
                 rolls = o.served in s.rolls_back
                 verdict = losses(other.structure, o.counts, btw, self.cfg, rolls, down, server)
                 _set_verdict(o, verdict)
@@ -464,6 +464,8 @@ class Engine:
         counts = exchange_counts(ex, (total, source), cfg.ollama_evaluated_share, known_old)
         if counts.meaning == "old" and not known_old:
             s.ollama_old.add(served)
+        if counts.reused_tokens is not None:
+            s.observe(served, counts)  # every row's reuse shows the server's block
         model = ex.requested_model or served
         api_name = ex.api.name
 
@@ -535,7 +537,14 @@ class Engine:
             btw = between(s, linked_to, served, conv.number)
         down = linked_to is not None and s.down_since(linked_to)
         pm = counts.prefill_ms
-        server = s.server_of(served, ex.server, api_name, pm is not None and pm[1] == SERVER)
+        top = ex.top
+        server = s.server_of(
+            served,
+            ex.server,
+            api_name,
+            pm is not None and pm[1] == SERVER,
+            top if type(top) is dict else None,
+        )
         verdict = losses(st, counts, btw, cfg, served in s.rolls_back, down, server)
         if verdict.rolled_back:
             s.rolls_back.add(served)
@@ -568,6 +577,7 @@ class Engine:
             loss_measured=loss_measured(counts),
             changed=st.changed or None,
             served=served,
+            server=server.name,
             volatile=verdict.volatile,
             volatile_where=st.volatile_where,
         )

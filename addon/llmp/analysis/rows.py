@@ -80,6 +80,9 @@ class Row:
     """Additive: where each changed message changed (docs/analysis.md §7)."""
     # Not in the report (`_AGGREGATE`): what the aggregates need besides the row fields.
     served: str = field(default="", metadata=_AGGREGATE)
+    server: str = field(default="", metadata=_AGGREGATE)
+    """The server program that answered (`apis.servers.Server.name`): whose fix a
+    finding gives."""
     volatile: Loss | None = field(default=None, metadata=_AGGREGATE)
     """A volatile head's cost (the `volatile_head` finding)."""
     volatile_where: dict[str, Any] | None = field(default=None, metadata=_AGGREGATE)

@@ -77,6 +77,8 @@ class ServerCacheLoss(FindingKind):
         super().__init__(cfg)
         self.groups: dict[tuple[str, str], LossGroup] = {}
         self.memory: dict[str, Memory] = {}
+        self.servers: dict[str, str] = {}
+        """The server program behind each served model: whose fix the finding gives."""
 
     def linked(self, row: Row, btw: Between, cut: bool) -> None:
         if not row.new_conversation:
@@ -86,6 +88,8 @@ class ServerCacheLoss(FindingKind):
         # server: context_overflow names it.
         if ext is not None and ext.cause in SERVER_CAUSES and not btw.skipped and not cut:
             group(self.groups, (row.served, ext.cause)).add_loss(row.id, ext, True)
+            if row.server:
+                self.servers[row.served] = row.server
 
     def _memory(self, row: Row, btw: Between) -> None:
         """What a linked turn shows of whether the server's cache can go back (R31)."""
@@ -108,7 +112,7 @@ class ServerCacheLoss(FindingKind):
             mem = self.memory.get(served) if kind == SERVER_NO_ROLLBACK else None
             f = loss_finding(self.cfg, self.name, served, None, g, _confidence(kind, g, mem))
             if f is not None:
-                f["evidence"] = {"kind": kind}
+                f["evidence"] = {"kind": kind, "server": self.servers.get(served)}
                 if mem is not None:
                     f["evidence"]["memory"] = mem.evidence()
                 out.append(f)
@@ -124,7 +128,11 @@ class ServerCacheLoss(FindingKind):
         story = sub.story.format(
             model=short_model(f.get("model")), times=times(n), lost=lost_text(f)
         )
-        return (story + _memory_note(ev), advised(ev, sub.fix))
+        server = ev.get("server")
+        return (
+            story + _memory_note(ev),
+            advised(ev, sub.fix_for(server if isinstance(server, str) else None)),
+        )
 
     @classmethod
     def gate_detail(cls, f: dict[str, Any]) -> Any:
