@@ -93,10 +93,14 @@ __all__ = [
 ]
 
 
-def _app(flavor: Flavor, model: FakeModel, capacity: int, cache_report: bool) -> App:
+def _app(
+    flavor: Flavor, model: FakeModel, capacity: int, cache_report: bool, block: int | None
+) -> App:
     """The flavour's server with all of its APIs, over one model."""
     if flavor == "vllm" or flavor == "sglang":
-        return SharedCacheServer(model, flavor, capacity=capacity, cache_report=cache_report)
+        return SharedCacheServer(
+            model, flavor, capacity=capacity, cache_report=cache_report, block=block
+        )
     if flavor == "llama":
         llama = Llama(model)
         llama.add_routes(AnthropicMessages(llama).routes())
@@ -110,8 +114,9 @@ def _app(flavor: Flavor, model: FakeModel, capacity: int, cache_report: bool) ->
 class Upstream(RawServer):
     """A fake llama-server (``flavor="llama"``), Ollama (``"ollama"``), vLLM or SGLang.
 
-    vLLM and SGLang keep one shared prefix cache of ``capacity`` tokens, and
-    report its hits only with ``cache_report`` (their servers' flags).
+    vLLM and SGLang keep one shared prefix cache of ``capacity`` tokens, in blocks
+    of ``block`` tokens (by default vLLM's 16 on a GPU, SGLang's 1), and report its
+    hits only with ``cache_report`` (their servers' flags).
 
     Runs until ``close()`` (or the end of the ``with`` block). ``log`` is the
     list of ``Exchange`` in arrival order. llama-server serves chat,
@@ -129,6 +134,7 @@ class Upstream(RawServer):
         reasoning: str = REASONING_TEXT,
         capacity: int = 1 << 20,
         cache_report: bool = True,
+        block: int | None = None,
     ) -> None:
         if flavor not in ("llama", "ollama", "vllm", "sglang"):
             raise ValueError(f"unknown flavor {flavor!r}")
@@ -141,7 +147,9 @@ class Upstream(RawServer):
             model_file=model_file,
         )
         super().__init__(
-            _app(flavor, self.model, capacity, cache_report), fake=fake, name=f"fake-{flavor}"
+            _app(flavor, self.model, capacity, cache_report, block),
+            fake=fake,
+            name=f"fake-{flavor}",
         )
 
     # the model's settings, settable as they were on the one-module Upstream
