@@ -106,8 +106,15 @@ def test_what_a_response_left_uncached_bounds_the_block_from_below() -> None:
     real = [(33, 0, 0), (355, 0, 256), (377, 256, 0), (1046, 0, 1024), (1068, 1024, 0)]
     for n in range(2, len(real) + 1):
         assert _block(real[:n], 16) == 128, real[:n]
-    # A tail longer than the kind's block: the smallest block the counts allow.
+    # Another run: 453 tokens wrote 384, then 476 and 500 reused 384.
+    again = [(33, 0, 0), (453, 0, 384), (476, 384, 0), (43, 0, 0), (500, 384, 0)]
+    for n in range(2, len(again) + 1):
+        assert _block(again[:n], 16) == 128, again[:n]
+    # A tail longer than the kind's block: the smallest block the counts allow, a power
+    # of two where one fits (453 tokens, 384 written: 128, not 96), else any divisor.
     assert _block([(300, 0, 256)], 16) == 64
+    assert _block([(453, 0, 384)], 16) == 128
+    assert _block([(400, 0, 360)], 8) == 45
     # The tail alone, before anything was cached, is no block: caching may be off.
     assert _block([(900, 0, 0)], 16) == 16
 

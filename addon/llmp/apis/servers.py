@@ -239,7 +239,15 @@ class ReuseSteps:
 
 @lru_cache(maxsize=1024)
 def _least_divisor_above(n: int, floor: int) -> int:
-    """The smallest divisor of `n` greater than `floor` (`n` itself when none is)."""
+    """The smallest block that divides `n` and is longer than `floor`: a power of two
+    where one fits (the sizes vLLM's backends use: 16 on a GPU, 128 on the CPU), else
+    any divisor (`n` itself when none is)."""
+    power = n & -n  # the largest power of two dividing n
+    if power > floor:
+        least = power
+        while least // 2 > floor:
+            least //= 2
+        return least
     best = n
     i = 1
     while i * i <= n:
