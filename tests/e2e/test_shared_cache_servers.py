@@ -231,3 +231,37 @@ def test_the_cpu_builds_capacity_fix_names_its_own_knobs(tmp_path: Path) -> None
     text = analyze_text(rec)
     assert "VLLM_CPU_KVCACHE_SPACE" in text and "--kv-cache-memory-bytes" in text
     assert "llama-server" not in text
+
+
+@pytest.mark.parametrize(
+    ("kind", "knob"), [("vllm", "--max-model-len"), ("sglang", "--context-length")]
+)
+@pytest.mark.parametrize("body", ["full", "digest"])
+def test_a_refusal_for_the_context_names_the_servers_own_setting(
+    kind: str, knob: str, body: str, tmp_path: Path
+) -> None:
+    """A prompt past vLLM's --max-model-len (SGLang's --context-length) is refused: the
+    context_overflow finding's fix names that setting, never llama-server's -c."""
+    rec = tmp_path / "rec.jsonl"
+    with Upstream(kind, n_ctx=300) as up, Mitmdump(up.url, rec, {"llmp_body": body}) as proxy:  # type: ignore[arg-type]
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+        history: list[dict[str, Any]] = [{"role": "user", "content": "Read this. " * 20}]
+        refused = 0
+        for _ in range(5):
+            try:
+                content, _, _ = _turn(client, history)
+            except openai.BadRequestError:
+                refused += 1
+                break
+            history += [
+                {"role": "assistant", "content": content},
+                {"role": "user", "content": "And this. " * 40},
+            ]
+        assert refused == 1
+        records = wait_for_records(rec, len(up.log))
+    assert records[-1]["response"]["status"] == 400
+    report = analyze(rec)
+    (finding,) = [f for f in report["findings"] if f["kind"] == "context_overflow"]
+    assert finding["evidence"]["server"] == {"vllm": "vLLM", "sglang": "SGLang"}[kind]
+    text = analyze_text(rec)
+    assert knob in text and "llama-server" not in text and " -c" not in text, text
