@@ -110,11 +110,15 @@ def test_what_a_response_left_uncached_bounds_the_block_from_below() -> None:
     again = [(33, 0, 0), (453, 0, 384), (476, 384, 0), (43, 0, 0), (500, 384, 0)]
     for n in range(2, len(again) + 1):
         assert _block(again[:n], 16) == 128, again[:n]
-    # A tail longer than the kind's block: the smallest block the counts allow, a power
-    # of two where one fits (453 tokens, 384 written: 128, not 96), else any divisor.
-    assert _block([(300, 0, 256)], 16) == 64
+    # A tail longer than the kind's block: the smallest block the counts allow, vLLM's
+    # usual 128 where it fits (453 tokens, 384 written: 128, not 96; 300 tokens, 256
+    # written: 128, not 64), else a power of two, else any divisor.
     assert _block([(453, 0, 384)], 16) == 128
+    assert _block([(300, 0, 256)], 16) == 128
+    assert _block([(300, 0, 192)], 16) == 192  # 3 x 64, a tail of 108: no power of two fits
     assert _block([(400, 0, 360)], 8) == 45
+    # A tail past 128 rules vLLM's usual sizes out: the next power of two.
+    assert _block([(700, 0, 512)], 16) == 256
     # The tail alone, before anything was cached, is no block: caching may be off.
     assert _block([(900, 0, 0)], 16) == 16
 

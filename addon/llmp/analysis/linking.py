@@ -204,6 +204,8 @@ class Session:
         return self._with_block(served, self.servers.get(served, UNKNOWN))
 
     def _with_block(self, served: str, server: Server) -> Server:
+        if server.exact:
+            return server  # token-exact: no block to learn (`Server.exact`)
         steps = self.steps.get(served)
         if steps is None:
             return server

@@ -237,11 +237,19 @@ class ReuseSteps:
         return max(kind, least) if self.tail >= 0 else kind
 
 
+USUAL_BLOCKS = (16, 128)
+"""vLLM's blocks on a GPU and on the CPU: where the counts allow one, it is the one."""
+
+
 @lru_cache(maxsize=1024)
 def _least_divisor_above(n: int, floor: int) -> int:
-    """The smallest block that divides `n` and is longer than `floor`: a power of two
-    where one fits (the sizes vLLM's backends use: 16 on a GPU, 128 on the CPU), else
-    any divisor (`n` itself when none is)."""
+    """The smallest block that divides `n` and is longer than `floor`: one of vLLM's
+    usual sizes where one fits, else a power of two (the sizes its backends use), else
+    any divisor (`n` itself when none is).  A response's tail only rules sizes out, so
+    a usual size the counts allow beats a smaller power of two no tail has reached."""
+    for usual in USUAL_BLOCKS:
+        if usual > floor and n % usual == 0:
+            return usual
     power = n & -n  # the largest power of two dividing n
     if power > floor:
         least = power
