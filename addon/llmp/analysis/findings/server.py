@@ -83,13 +83,15 @@ class ServerCacheLoss(FindingKind):
     def linked(self, row: Row, btw: Between, cut: bool) -> None:
         if not row.new_conversation:
             self._memory(row, btw)
+        if row.server:
+            # The latest word on the server: its build may show only later (a vLLM's
+            # 128-token blocks are its CPU build), and the fix is the build's.
+            self.servers[row.served] = row.server
         ext = row.lost_external
         # A prompt the server cut lost its cache to the cut, not to the
         # server: context_overflow names it.
         if ext is not None and ext.cause in SERVER_CAUSES and not btw.skipped and not cut:
             group(self.groups, (row.served, ext.cause)).add_loss(row.id, ext, True)
-            if row.server:
-                self.servers[row.served] = row.server
 
     def _memory(self, row: Row, btw: Between) -> None:
         """What a linked turn shows of whether the server's cache can go back (R31)."""
