@@ -128,3 +128,29 @@ def test_a_shared_cache_gets_its_own_servers_fix() -> None:
     assert "VLLM_CPU_KVCACHE_SPACE" in cpu and "--kv-cache-memory-bytes" in cpu
     assert "VLLM_CPU_KVCACHE_SPACE" not in gpu and "--gpu-memory-utilization" in gpu
     assert "--mem-fraction-static" in capacity.fix_for(servers.SGLANG.name)
+
+
+def test_context_advice_names_the_servers_own_setting() -> None:
+    """After a refusal for the context, or in context_overflow's fix: vLLM's and
+    SGLang's own setting, llama-server's -c only where the server may be llama-server."""
+    from llmp.analysis import advice
+    from llmp.analysis.findings.context_overflow import ContextOverflow
+
+    for server, knob in (
+        (servers.VLLM, "--max-model-len"),
+        (servers.VLLM_CPU, "--max-model-len"),
+        (servers.SGLANG, "--context-length"),
+        (servers.VLLM_OR_SGLANG, "--max-model-len"),
+    ):
+        tip = advice.cut_after_context_error(True, None, server.name)["text"]
+        assert knob in tip and not LLAMA_FLAGS.search(tip), tip
+        f = {
+            "kind": "context_overflow",
+            "model": "m",
+            "rows": [],
+            "evidence": {"refused": 1, "truncated": 1, "server": server.name},
+        }
+        fix = ContextOverflow.sentence(f)[1]
+        assert knob in fix and not LLAMA_FLAGS.search(fix), fix
+    for server_name in (servers.LLAMA_SERVER.name, None):
+        assert "llama-server -c" in advice.cut_after_context_error(True, None, server_name)["text"]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from llmp.analysis.advice import shared_context_setting
 from llmp.analysis.findings.base import FindingKind, Label, Tools
 from llmp.analysis.overflow import CONTEXT_OVERFLOW, Overflow
 from llmp.analysis.words import n_of, short_model, value_of
-from llmp.apis.servers import SGLANG, VLLM, VLLM_CPU, VLLM_OR_SGLANG
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config
@@ -49,7 +49,9 @@ class ContextOverflow(FindingKind):
         largest = f"{sent:,.0f} tokens" if sent is not None else "a size not recorded"
         what: list[str] = []
         fixes: list[str] = []
-        shared = _SHARED_CONTEXT.get(str(ev.get("server")))
+        server = ev.get("server")
+        # vLLM and SGLang set their context their own way: never llama-server's -c.
+        shared = shared_context_setting(server if isinstance(server, str) else None)
         cut = int(ev.get("truncated") or 0)
         if cut:
             what.append(_cut_text(ev, model, cut, ctx, largest))
@@ -102,16 +104,6 @@ class ContextOverflow(FindingKind):
             name = "num_ctx" if ev.get("n_ctx_source") == "request" else "n_ctx"
             size += f", {name} {n_ctx:,}"
         return size
-
-
-_VLLM_CONTEXT = "vLLM: --max-model-len, which its KV cache must hold"
-_SHARED_CONTEXT = {
-    VLLM.name: _VLLM_CONTEXT,
-    VLLM_CPU.name: _VLLM_CONTEXT,
-    SGLANG.name: "SGLang: --context-length",
-    VLLM_OR_SGLANG.name: "vLLM: --max-model-len; SGLang: --context-length",
-}
-"""Where vLLM and SGLang set their context: their fix never names llama-server's -c."""
 
 
 def _cut_text(ev: dict[str, Any], model: str, cut: int, ctx: str, largest: str) -> str:
