@@ -15,7 +15,8 @@ new message with vLLM's own `/tokenize`), and analysed three ways (`real_cases.M
 8. the first conversation again;
 9, 10. a third conversation, with a clock at the end of its system prompt;
 11. the clock changes: the client's loss, from where the clock starts;
-12. an appended turn.
+12. an appended turn;
+13. a prompt longer than `--max-model-len`, refused.
 
 The truth is vLLM's: each response's `cached_tokens` and `created_cache_tokens`, its
 `/metrics` prefix-cache counters, and for where the clock's change lies, its own
@@ -31,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
 from llmp.apis.openai_chat import OpenAIChat
@@ -43,7 +45,7 @@ pytestmark = real_vllm_marks()
 BLOCK = 128
 """vLLM's CPU build: tokens per KV block (`cache_config_info{block_size="128"}`)."""
 SIDE_CALL, OTHER, BACK = 4, (6, 7), 8
-CLOCK_ROW = 11
+CLOCK_ROW, REFUSED = 11, 13
 APPENDED = (2, 3, 5, 8, 10, 12)
 """Turns that only appended to their conversation's previous one."""
 LLAMA_ADVICE = re.compile(r"llama-server|-np\b|--swa-full|--ctx-checkpoints|--cache-ram")
@@ -83,6 +85,8 @@ def _drive(case: Case, client: Any) -> None:
     case.notes["clock"] = (before, [dict(m) for m in clocked])
     step(clocked, "Thanks.")  # 11
     turn(client, clocked)  # 12
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        turn(client, [{"role": "user", "content": log_lines(160)}])  # 13
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +124,7 @@ def _rendered(vllm: VllmServer, messages: list[dict[str, Any]]) -> list[int]:
 def test_the_counts_are_vllms_own(case: Case) -> None:
     """Every row's counts are the server's, and add up to its /metrics counters; every
     reuse is whole blocks, and so is what each request wrote."""
-    usages = [_usage(case, rid) for rid in sorted(case.digest)]
+    usages = [_usage(case, rid) for rid in sorted(case.digest) if rid != REFUSED]
     assert len(usages) == 12
     metrics = case.notes["metrics"]
     assert metrics["vllm:prefix_cache_queries_total"] == sum(u["prompt_tokens"] for u in usages)
@@ -132,7 +136,7 @@ def test_the_counts_are_vllms_own(case: Case) -> None:
         held = details["cached_tokens"] + details["created_cache_tokens"]
         assert held == u["prompt_tokens"] // BLOCK * BLOCK  # the prompt's whole blocks
     for mode in MODES:
-        for rid in case.digest:
+        for rid in sorted(set(case.digest) - {REFUSED}):
             counts = case.row(rid, mode)["counts"]
             assert counts["reused_tokens"] == {"value": _cached(case, rid), "source": "server"}
             prompt = _usage(case, rid)["prompt_tokens"]
@@ -189,6 +193,9 @@ def test_record_time_counts_come_from_vllms_tokenizer(case: Case, vllm: VllmServ
     message: the analysis places the change in the server's tokens, not estimates."""
     api = OpenAIChat()
     for rid, full in case.full.items():
+        if rid == REFUSED:
+            assert case.digest[rid]["tokens"] is None  # only 2xx exchanges are counted
+            continue
         tokens = case.digest[rid]["tokens"]
         assert tokens is not None, rid
         messages, _ = api.count_targets(full["request"]["body"])
@@ -202,6 +209,11 @@ def test_record_time_counts_come_from_vllms_tokenizer(case: Case, vllm: VllmServ
 
 
 def test_no_llama_server_advice(case: Case) -> None:
+    """Not in any finding, not even the refusal's: its context is --max-model-len."""
+    for mode in MODES:
+        kinds = [f["kind"] for f in case.reports[mode]["findings"]]
+        assert "context_overflow" in kinds, kinds
     for path in (case.notes["digest_path"], case.notes["full_path"]):
         text = analyze_text(Path(path))
-        assert not LLAMA_ADVICE.search(text), text
+        assert not LLAMA_ADVICE.search(text) and " -c" not in text, text
+        assert "--max-model-len" in text, text
