@@ -9,6 +9,7 @@ from llmp.analysis.classify import SIDE_CALL
 from llmp.analysis.html.common import CAUSES as HTML_COLOURS
 from llmp.analysis.html.page import _cause_css
 from llmp.analysis.render import sentence
+from llmp.apis import servers
 
 HEX = re.compile(r"#[0-9A-Fa-f]{6}")
 
@@ -99,3 +100,64 @@ def test_the_page_and_the_report_read_the_table() -> None:
 
 def test_an_unknown_cause_reads_as_its_name() -> None:
     assert causes.words("from_a_newer_recording") == "from_a_newer_recording"
+
+
+# llama-server's and Ollama's own settings: never a fix on another server.
+LLAMA_FLAGS = re.compile(
+    r"llama-server|-np\b|--swa-full|--ctx-checkpoints|--checkpoint-min-step|--cache-ram|"
+    r"--reasoning-preserve|\s-c\b|keep_alive|OLLAMA_"
+)
+
+
+def test_a_shared_cache_gets_its_own_servers_fix() -> None:
+    """Every server cause has a fix for each shared-cache server, none names llama-server's
+    flags, and the capacity fix fits the build: the CPU build's knobs there, the GPU's
+    elsewhere (docs/analysis.md's server table)."""
+    shared = (servers.VLLM, servers.VLLM_CPU, servers.SGLANG, servers.VLLM_OR_SGLANG)
+    for c in causes.CAUSES:
+        if c.group != causes.SERVER:
+            continue
+        for server in shared:
+            fix = c.fix_for(server.name)
+            assert fix != c.fix and fix.endswith("."), (c.name, server.name)
+            assert not LLAMA_FLAGS.search(fix), (c.name, server.name, fix)
+            f = {
+                "kind": "server_cache_loss",
+                "model": "m",
+                "rows": [1],
+                "evidence": {"kind": c.name, "server": server.name},
+            }
+            assert sentence(f)[1] == fix
+        # llama-server and servers llmp cannot tell keep the general fix.
+        assert c.fix_for(servers.LLAMA_SERVER.name) == c.fix_for(None) == c.fix
+    capacity = causes.BY_NAME[causes.SERVER_CAPACITY]
+    cpu, gpu = capacity.fix_for(servers.VLLM_CPU.name), capacity.fix_for(servers.VLLM.name)
+    assert "VLLM_CPU_KVCACHE_SPACE" in cpu and "--kv-cache-memory-bytes" in cpu
+    assert "VLLM_CPU_KVCACHE_SPACE" not in gpu and "--gpu-memory-utilization" in gpu
+    assert "--mem-fraction-static" in capacity.fix_for(servers.SGLANG.name)
+
+
+def test_context_advice_names_the_servers_own_setting() -> None:
+    """After a refusal for the context, or in context_overflow's fix: vLLM's and
+    SGLang's own setting, llama-server's -c only where the server may be llama-server."""
+    from llmp.analysis import advice
+    from llmp.analysis.findings.context_overflow import ContextOverflow
+
+    for server, knob in (
+        (servers.VLLM, "--max-model-len"),
+        (servers.VLLM_CPU, "--max-model-len"),
+        (servers.SGLANG, "--context-length"),
+        (servers.VLLM_OR_SGLANG, "--max-model-len"),
+    ):
+        tip = advice.cut_after_context_error(True, None, server.name)["text"]
+        assert knob in tip and not LLAMA_FLAGS.search(tip), tip
+        f = {
+            "kind": "context_overflow",
+            "model": "m",
+            "rows": [],
+            "evidence": {"refused": 1, "truncated": 1, "server": server.name},
+        }
+        fix = ContextOverflow.sentence(f)[1]
+        assert knob in fix and not LLAMA_FLAGS.search(fix), fix
+    for server_name in (servers.LLAMA_SERVER.name, None):
+        assert "llama-server -c" in advice.cut_after_context_error(True, None, server_name)["text"]

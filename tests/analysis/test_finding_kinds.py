@@ -120,3 +120,29 @@ def test_only_the_kinds_that_read_a_hook_are_fed_it() -> None:
     assert [k.name for k in found._turn] == ["large_system_prompt"]
     assert {k.name for k in found._refused} == {"prefix_break", "context_overflow"}
     assert "unused_tool" not in {k.name for k in found._linked}
+
+
+def test_a_server_finding_gives_the_fix_of_the_latest_word_on_the_server() -> None:
+    """A vLLM's build may show only after its loss (its 128-token blocks learned later):
+    the finding names the server its last linked turn was told to be."""
+    from llmp.analysis.findings.server import ServerCacheLoss
+    from llmp.analysis.loss import Between
+    from llmp.analysis.rows import Loss, Row
+    from llmp.apis.base import Counts
+
+    def row(rid: int, server: str, lost: Loss | None) -> Row:
+        comp = ((0, "estimate"),) * 4
+        return Row(
+            id=rid, api="openai_chat", model="smol", client=0, t_start_ms=rid, kind="turn",
+            side_call_shape=None, session=1, conversation=1, turn=rid, counts=Counts(),
+            composition=comp, linked_to=rid - 1, lost_external=lost, served="smol",
+            server=server,
+        )  # fmt: skip
+
+    kind = ServerCacheLoss(Config())
+    capacity = Loss("server_capacity", 5000, (9000.0, "proxy"))
+    kind.linked(row(2, "vLLM", capacity), Between([], [3], [], []), False)
+    kind.linked(row(4, "vLLM (CPU)", None), Between([], [], [], []), False)
+    (f,) = kind.build(lambda key: "client", {})
+    assert f["evidence"]["server"] == "vLLM (CPU)"
+    assert "VLLM_CPU_KVCACHE_SPACE" in sentence(f)[1]

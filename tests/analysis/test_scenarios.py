@@ -308,7 +308,10 @@ def test_server_reset(tmp_path: Path, mode: str) -> None:
         r[4]["other_domains_between"],
     ) == ([], [], [])
     f = finding(rep, "server_cache_loss")
-    assert f["evidence"] == {"kind": "server_empty"} and f["confidence"] == "high"
+    assert (
+        f["evidence"] == {"kind": "server_empty", "server": "llama-server"}
+        and f["confidence"] == "high"
+    )
     check_totals(rep)
 
 
@@ -319,7 +322,10 @@ def test_server_keeps_only_the_head(tmp_path: Path, mode: str) -> None:
     assert r[5]["cause"] == "server_reset"
     assert r[5]["lost_external"]["cause"] == "server_head_only"
     assert r[5]["lost_external"]["tokens"] == value(r[4]["counts"]["prompt_tokens"]) - 200
-    assert finding(rep, "server_cache_loss")["evidence"] == {"kind": "server_head_only"}
+    assert finding(rep, "server_cache_loss")["evidence"] == {
+        "kind": "server_head_only",
+        "server": "llama-server",
+    }
     check_totals(rep)
 
 
@@ -333,7 +339,10 @@ def test_server_rollback_to_a_checkpoint(tmp_path: Path) -> None:
     assert rolled and all(r["lost_external"]["cause"] == "server_rollback" for r in rolled)
     assert all(r["cause"] == "server_reset" for r in rolled)
     f = finding(rep, "server_cache_loss")
-    assert f["evidence"] == {"kind": "server_rollback"} and f["confidence"] == "medium"
+    assert (
+        f["evidence"] == {"kind": "server_rollback", "server": "llama-server"}
+        and f["confidence"] == "medium"
+    )
 
 
 @pytest.mark.parametrize("meaning", ["cached", "whole", "evaluated"])

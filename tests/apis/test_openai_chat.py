@@ -198,6 +198,22 @@ def test_counts_cached_tokens_then_the_difference() -> None:
     assert (flat.reused_tokens, flat.evaluated_tokens) == ((90, SERVER), (10, SERVER))
 
 
+def test_counts_vllms_cache_writes() -> None:
+    """vLLM 0.32's `created_cache_tokens`: what the request wrote into the cache, as the
+    real CPU build sent it (prompt 355: two blocks of 128 written, 99 left out)."""
+    details = {"cached_tokens": 0, "created_cache_tokens": 256, "multimodal_tokens": None}
+    c = counts({"usage": {"prompt_tokens": 355, "prompt_tokens_details": details}}, CountHints())
+    assert c.cache_write_tokens == (256, SERVER)
+    assert (c.reused_tokens, c.evaluated_tokens) == ((0, SERVER), (355, SERVER))
+    # Not sent (every other server), or not a count: not said.
+    plain = {"usage": {"prompt_tokens": 100, "prompt_tokens_details": {"cached_tokens": 64}}}
+    assert counts(plain, CountHints()).cache_write_tokens is None
+    bad = {"cached_tokens": 0, "created_cache_tokens": -1}
+    assert (
+        counts({"usage": {"prompt_tokens_details": bad}}, CountHints()).cache_write_tokens is None
+    )
+
+
 def test_counts_deepseek_hit_and_miss() -> None:
     c = counts(
         {"usage": {"prompt_cache_hit_tokens": 30, "prompt_cache_miss_tokens": 5}}, CountHints()
@@ -223,3 +239,21 @@ def test_counts_refuse_what_is_not_a_non_negative_number() -> None:
     )
     assert c.reported() == []
     assert counts({"usage": "nope", "timings": []}, CountHints()).reported() == []
+
+
+def test_cache_usage_reads_each_servers_write_count() -> None:
+    """R35's split: OpenAI's `cache_write_tokens`, vLLM's `created_cache_tokens`, else no
+    write; the rest of the prompt is uncached."""
+    api = OpenAIChat()
+
+    def usage(**details: int) -> dict[str, Any]:
+        return {"usage": {"prompt_tokens": 1000, "prompt_tokens_details": details}}
+
+    openai = api.cache_usage(usage(cached_tokens=512, cache_write_tokens=256))
+    vllm = api.cache_usage(usage(cached_tokens=512, created_cache_tokens=384))
+    llama = api.cache_usage(usage(cached_tokens=900))
+    assert openai is not None and (openai.read, openai.write, openai.uncached) == (512, 256, 232)
+    assert vllm is not None and (vllm.read, vllm.write, vllm.uncached) == (512, 384, 104)
+    assert llama is not None and (llama.read, llama.write, llama.uncached) == (900, 0, 100)
+    assert api.cache_usage({"usage": {"prompt_tokens": 10}}) is None  # nothing said of the cache
+    assert api.cache_usage(usage(cached_tokens=2**64)) is None  # a damaged counter

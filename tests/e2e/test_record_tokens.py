@@ -1,9 +1,11 @@
 """Token counts at record time (`llmp_tokenize`, recorder/tokens.py), through the real mitmdump.
 
-The fake llama-server answers `/tokenize` with a token per 4 characters; the fake
-Ollama has no such endpoint.  A digest record carries the counts of its messages
-and tools by hash (never their text), each hash is asked once, and an upstream
-without the endpoint gives records without counts and no error.
+The fake llama-server answers `/tokenize` with a token per 4 characters, and so do
+the fake vLLM and SGLang in their own request shape; the fake Ollama has no such
+endpoint.  A digest record carries the counts of its messages and tools by hash
+(never their text), each hash is asked once, and only a server the response shows
+to have the endpoint is asked (R35): never one that looks like none of them, never
+one that says it is a cloud provider.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import openai
 import pytest
 
 from llmp.apis.openai_chat import OpenAIChat
+from llmp.demo.fakes import SharedCacheServer
 from llmp.format import canonical
 from tests.support.mitm import Mitmdump, wait_for_records
 from tests.support.upstreams import Upstream
@@ -92,14 +95,67 @@ def test_off_and_an_upstream_without_a_tokenizer_give_no_counts(tmp_path: Path) 
         assert _tokenize_requests(up) == 0
     assert [r["tokens"] for r in records] == [None, None]
 
-    rec = tmp_path / "ollama.jsonl"
-    with Upstream("ollama") as up, Mitmdump(up.url, rec, ON) as proxy:
-        _chat(proxy.url, 2)  # Ollama's OpenAI-style endpoint; it has no /tokenize
-        records = wait_for_records(rec, 2)
-        missing = _tokenize_requests(up)
-    assert [r["tokens"] for r in records] == [None, None]
-    assert [r["error"] for r in records] == [None, None]
-    assert missing == 1  # asked once, then never again
+
+def _only_the_clients(up: Upstream, rec: Path, options: dict[str, str], calls: int) -> None:
+    """The upstream got the client's requests and nothing else; the records, no counts."""
+    with Mitmdump(up.url, rec, options) as proxy:
+        _chat(proxy.url, calls)
+        records = wait_for_records(rec, calls)
+        paths = [ex.path for ex in up.log]
+    assert paths == ["/v1/chat/completions"] * calls
+    assert [r["tokens"] for r in records] == [None] * calls
+    assert [r["error"] for r in records] == [None] * calls
+
+
+def test_a_server_that_looks_like_none_is_never_asked(tmp_path: Path) -> None:
+    """R35: Ollama's OpenAI-style endpoint says nothing of llama-server, vLLM or SGLang
+    (it has no /tokenize either): no message text goes anywhere the client did not send it."""
+    with Upstream("ollama") as up:
+        _only_the_clients(up, tmp_path / "ollama.jsonl", ON, 2)
+    # A bare uvicorn server (vLLM's fingerprint and counters off, or any Python app).
+    with Upstream("vllm", cache_report=False) as up:
+        assert isinstance(up.app, SharedCacheServer)
+        up.app.fingerprint = None
+        _only_the_clients(up, tmp_path / "uvicorn.jsonl", ON, 2)
+
+
+def test_a_server_posing_as_a_provider_is_never_asked(tmp_path: Path) -> None:
+    """R35: a llama-server (its timings, its header) that also sends a header only
+    OpenAI sends, or only Anthropic: a provider, whatever else it looks like."""
+    for header in ("openai-processing-ms:7", "anthropic-organization-id:org-1"):
+        with Upstream("llama", fake=f"header={header}") as up:
+            _only_the_clients(up, tmp_path / f"{header[:6]}.jsonl", ON, 2)
+        # The same server without that header is asked (the test can fail).
+    with Upstream("llama") as up, Mitmdump(up.url, tmp_path / "plain.jsonl", ON) as proxy:
+        _chat(proxy.url, 1)
+        wait_for_records(tmp_path / "plain.jsonl", 1)
+        assert _tokenize_requests(up) > 0
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_vllm_and_sglang_are_asked_in_their_own_shape(kind: str, tmp_path: Path) -> None:
+    """vLLM's and SGLang's /tokenize take `{"prompt", "add_special_tokens"}`, not
+    llama-server's `{"content"}`: asked so, each distinct text once, no model named."""
+    rec = tmp_path / "rec.jsonl"
+    with Upstream(kind) as up, Mitmdump(up.url, rec, ON) as proxy:  # type: ignore[arg-type]
+        _chat(proxy.url, 3)
+        records = wait_for_records(rec, 3)
+        asked = [canonical.loads(ex.request_body) for ex in up.log if ex.path == "/tokenize"]
+        chats = [ex for ex in up.log if ex.path == "/v1/chat/completions"]
+        bodies = [canonical.loads(ex.request_body) for ex in chats]
+    assert asked and all(set(a) == {"prompt", "add_special_tokens"} for a in asked)
+    assert all(a["add_special_tokens"] is False for a in asked)
+    prompts = [a["prompt"] for a in asked]
+    assert len(prompts) == len(set(prompts))
+    api = OpenAIChat()
+    for record, body in zip(records, bodies, strict=True):
+        messages, tools = api.count_targets(body)
+        tokens = record["tokens"]
+        assert tokens is not None, record
+        # The fake's tokenizer, without the BOS add_special_tokens would add.
+        assert tokens["messages"] == {k: math.ceil(len(t) / 4) for k, t in messages.items()}
+        assert tokens["tools"] == {k: math.ceil(len(t) / 4) for k, t in tools.items()}
+    assert "marmalade" not in rec.read_text()
 
 
 def test_the_analyzer_reads_the_counts_as_the_tokenizers(tmp_path: Path) -> None:

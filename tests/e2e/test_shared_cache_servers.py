@@ -106,12 +106,20 @@ def test_context_errors_have_each_servers_shape(tmp_path: Path) -> None:
         assert needle in str(err.value)
 
 
-def _without_server_header(src: Path, dst: Path) -> None:
-    """The same recording as a recorder without the `server` header would have made it."""
+def _without_server_header(src: Path, dst: Path, body_too: bool = False) -> None:
+    """The same recording as a recorder without the `server` header would have made it;
+    `body_too`: and from a vLLM that says nothing of itself in its body either
+    (`--fingerprint-mode none`, a build before `created_cache_tokens`)."""
     lines = []
     for line in src.read_text().splitlines():
         rec = json.loads(line)
-        ((rec.get("response") or {}).get("headers") or {}).pop("server", None)
+        response = rec.get("response") or {}
+        (response.get("headers") or {}).pop("server", None)
+        body = response.get("body") or {}
+        if body_too:
+            body.pop("system_fingerprint", None)
+            details = (body.get("usage") or {}).get("prompt_tokens_details") or {}
+            details.pop("created_cache_tokens", None)
         lines.append(json.dumps(rec))
     dst.write_text("\n".join(lines) + "\n")
 
@@ -159,11 +167,101 @@ def test_a_shared_cache_short_of_memory_is_capacity_not_the_side_call(
     assert finding["evidence"]["kind"] == "server_capacity"
     assert not [f for f in report["findings"] if f["kind"].endswith("eviction")]
     assert not [f for f in report["findings"] if f["kind"] == "side_call_on_conversation_model"]
+    assert finding["evidence"]["server"] == {"vllm": "vLLM", "sglang": "SGLang"}[kind]
     text = analyze_text(rec)
-    assert "--gpu-memory-utilization" in text and "shared prefix cache" in text
+    knob = {"vllm": "--gpu-memory-utilization", "sglang": "--mem-fraction-static"}[kind]
+    assert knob in text and "shared prefix cache" in text
     assert "evicted" not in text and "side-calls ran" not in text
+    assert "llama-server" not in text and "-np" not in text
 
     plain = tmp_path / "no-header.jsonl"
     _without_server_header(rec, plain)
+    if kind == "vllm":  # its body still says vLLM
+        assert _row(analyze(plain), 3)["lost_external"]["cause"] == "server_capacity"
+        _without_server_header(rec, plain, body_too=True)
     old = _row(analyze(plain), 3)
     assert old["lost_external"]["cause"] == "side_call"
+
+
+def _blocks_conversation(up: Upstream, rec: Path, turns: int, side: str = "") -> list[Any]:
+    """A first prompt shorter than one block, then appended turns with a side-call
+    (`side` before its question: a long one takes memory)."""
+    usages = []
+    with Mitmdump(up.url, rec, {"llmp_body": "digest"}) as proxy:
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+        history: list[dict[str, Any]] = [{"role": "user", "content": "Say hi."}]
+        for i in range(turns):
+            content, _, usage = _turn(client, history)
+            usages.append(usage)
+            if i == 2:
+                title = side + "Title this chat in five words."
+                _turn(client, [{"role": "user", "content": title}])
+            history += [
+                {"role": "assistant", "content": content},
+                {"role": "user", "content": f"Step {i}: " + "read the next file, then " * 30},
+            ]
+        wait_for_records(rec, turns + 1)
+    return usages
+
+
+@pytest.mark.parametrize("block", [128, 64])
+def test_a_block_is_learned_from_the_traffic(block: int, tmp_path: Path) -> None:
+    """vLLM's CPU build reuses whole blocks of 128 tokens (another build, another size):
+    a first prompt below one block caches nothing, and every later turn is short of its
+    prefix by up to a block.  Neither is a loss."""
+    rec = tmp_path / "rec.jsonl"
+    with Upstream("vllm", block=block) as up:
+        usages = _blocks_conversation(up, rec, 6)
+    cached = [u.prompt_tokens_details.cached_tokens for u in usages]
+    assert cached[1] == 0 and all(c % block == 0 for c in cached) and max(cached) > block
+    report = analyze(rec)
+    assert report["time"]["by_cause"] == {}, [r.get("lost_external") for r in report["rows"]]
+    assert all(r.get("lost_external") is None for r in report["rows"])
+
+
+def test_the_cpu_builds_capacity_fix_names_its_own_knobs(tmp_path: Path) -> None:
+    """A vLLM whose blocks are 128 tokens is the CPU build: its KV cache is host memory,
+    sized by VLLM_CPU_KVCACHE_SPACE or --kv-cache-memory-bytes."""
+    rec = tmp_path / "rec.jsonl"
+    with Upstream("vllm", block=128, capacity=700) as up:
+        _blocks_conversation(up, rec, 6, side="Some unrelated notes to keep. " * 60)
+    report = analyze(rec)
+    (finding,) = [f for f in report["findings"] if f["kind"] == "server_cache_loss"]
+    assert finding["evidence"] == {"kind": "server_capacity", "server": "vLLM (CPU)"}
+    text = analyze_text(rec)
+    assert "VLLM_CPU_KVCACHE_SPACE" in text and "--kv-cache-memory-bytes" in text
+    assert "llama-server" not in text
+
+
+@pytest.mark.parametrize(
+    ("kind", "knob"), [("vllm", "--max-model-len"), ("sglang", "--context-length")]
+)
+@pytest.mark.parametrize("body", ["full", "digest"])
+def test_a_refusal_for_the_context_names_the_servers_own_setting(
+    kind: str, knob: str, body: str, tmp_path: Path
+) -> None:
+    """A prompt past vLLM's --max-model-len (SGLang's --context-length) is refused: the
+    context_overflow finding's fix names that setting, never llama-server's -c."""
+    rec = tmp_path / "rec.jsonl"
+    with Upstream(kind, n_ctx=300) as up, Mitmdump(up.url, rec, {"llmp_body": body}) as proxy:  # type: ignore[arg-type]
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+        history: list[dict[str, Any]] = [{"role": "user", "content": "Read this. " * 20}]
+        refused = 0
+        for _ in range(5):
+            try:
+                content, _, _ = _turn(client, history)
+            except openai.BadRequestError:
+                refused += 1
+                break
+            history += [
+                {"role": "assistant", "content": content},
+                {"role": "user", "content": "And this. " * 40},
+            ]
+        assert refused == 1
+        records = wait_for_records(rec, len(up.log))
+    assert records[-1]["response"]["status"] == 400
+    report = analyze(rec)
+    (finding,) = [f for f in report["findings"] if f["kind"] == "context_overflow"]
+    assert finding["evidence"]["server"] == {"vllm": "vLLM", "sglang": "SGLang"}[kind]
+    text = analyze_text(rec)
+    assert knob in text and "llama-server" not in text and " -c" not in text, text

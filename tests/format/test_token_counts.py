@@ -71,6 +71,7 @@ class FakeServer:
         self.fail_first = 0  # answer the first N requests with 503
         self.sleep = 0.0  # hold each answer this long (interrupted by close)
         self.raw_body: bytes | None = None  # answer 200 with this body instead
+        self.vllm = False  # take vLLM's request shape ({"prompt"}), refuse llama-server's
         self.payloads: list[dict[str, Any]] = []
         self.got_request = threading.Event()
         self._release = threading.Event()
@@ -112,6 +113,14 @@ class FakeServer:
                 if server.raw_body is not None:
                     self._send(200, server.raw_body)
                     return
+                if server.vllm:
+                    if "prompt" not in payload:  # vLLM's validation error, shortened
+                        self._send(400, b'{"error":{"message":"body.prompt: Field required"}}')
+                        return
+                    n = fake_count(payload["prompt"])
+                    reply = {"count": n, "max_model_len": 4096, "tokens": list(range(n))}
+                    self._send(200, json.dumps(reply).encode())
+                    return
                 tokens = list(range(fake_count(payload["content"])))
                 self._send(200, json.dumps({"tokens": tokens}).encode())
 
@@ -125,7 +134,8 @@ class FakeServer:
 
     def contents(self) -> list[str]:
         with self._lock:
-            return [p["content"] for p in self.payloads]
+            key = "prompt" if self.vllm else "content"
+            return [p[key] for p in self.payloads if key in p]
 
     def close(self) -> None:
         self._release.set()
@@ -511,17 +521,34 @@ def test_persistent_503_gives_up(fixture: Fixture, server: FakeServer) -> None:
 
 def test_not_a_llama_server_reply(fixture: Fixture, server: FakeServer) -> None:
     server.raw_body = b"<html>hello</html>"
-    with pytest.raises(TokenizeError, match="did not answer like llama-server"):
+    with pytest.raises(TokenizeError, match="did not answer like a /tokenize"):
         enrich_file(fixture.path, server.url, progress=False)
     assert_untouched(fixture)
 
 
 def test_client_error_is_not_retried(fixture: Fixture, server: FakeServer) -> None:
+    """Asked once in llama-server's shape and once in vLLM's, then the error."""
     server.status = 400
     with pytest.raises(TokenizeError, match="HTTP 400"):
         enrich_file(fixture.path, server.url, progress=False, backoff=0.01)
-    assert len(server.payloads) == 1
+    assert [sorted(p) for p in server.payloads] == [
+        ["add_special", "content", "parse_special", "with_pieces"],
+        ["add_special_tokens", "prompt"],
+    ]
     assert_untouched(fixture)
+
+
+def test_a_vllm_tokenizer_is_asked_in_its_own_shape(fixture: Fixture, server: FakeServer) -> None:
+    """vLLM's (and SGLang's) /tokenize refuses llama-server's request: the first text
+    finds that out, and every text is then sent as a prompt, without special tokens."""
+    server.vllm = True
+    result = enrich_file(fixture.path, server.url, concurrency=3, progress=False)
+    check_enriched(fixture, fixture.path.read_bytes())
+    first, *rest = server.payloads
+    assert "content" in first and "prompt" not in first  # llama-server's, refused
+    assert all(p["add_special_tokens"] is False and "model" not in p for p in rest)
+    assert set(server.contents()) == fixture.expected_texts()
+    assert result.requests == len(fixture.expected_texts()) + 1
 
 
 def test_keyboard_interrupt_in_a_worker(

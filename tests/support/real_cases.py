@@ -18,13 +18,22 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import openai
 
 from llmp.cli import main
 from tests.support.mitm import Mitmdump, read_records
 from tests.support.real import LlamaServer
+
+
+class Served(Protocol):
+    """A real server the cases drive: llama-server (`real.LlamaServer`) or vLLM
+    (`real_vllm.VllmServer`)."""
+
+    @property
+    def url(self) -> str: ...
+
 
 MODEL = "smol"
 MAX_TOKENS = 8
@@ -133,8 +142,8 @@ class Case:
         return timings
 
 
-def record(server: LlamaServer, tmp: Path, name: str, drive: Callable[[Any, Case], None]) -> Case:
-    """Drive a conversation through ``full -> digest -> llama-server``; analyse it (MODES)."""
+def record(server: Served, tmp: Path, name: str, drive: Callable[[Any, Case], None]) -> Case:
+    """Drive a conversation through ``full -> digest -> the server``; analyse it (MODES)."""
     case = Case(name)
     full_path, digest_path = tmp / f"{name}-full.jsonl", tmp / f"{name}-digest.jsonl"
     inner = Mitmdump(

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from llmp.analysis.loss import FIRST_256, LAST_256
+from llmp.apis.servers import SGLANG, VLLM, VLLM_CPU, VLLM_OR_SGLANG
 
 HIGH, MEDIUM, LOW = "high", "medium", "low"
 
@@ -108,14 +109,36 @@ def volatile_block(where: dict[str, Any] | None, label: str | None) -> dict[str,
     return _advice(who, text, MEDIUM, "a few characters of a long system prompt changed")
 
 
-def cut_after_context_error(shrank: bool, label: str | None) -> dict[str, Any]:
+_VLLM_CONTEXT = "vLLM: --max-model-len, which its KV cache must hold"
+_SHARED_CONTEXT = {
+    VLLM.name: _VLLM_CONTEXT,
+    VLLM_CPU.name: _VLLM_CONTEXT,
+    SGLANG.name: "SGLang: --context-length",
+    VLLM_OR_SGLANG.name: "vLLM: --max-model-len; SGLang: --context-length",
+}
+
+
+def shared_context_setting(server: str | None) -> str | None:
+    """Where vLLM or SGLang (by `Server.name`) sets its context; None for another server,
+    whose advice names llama-server's -c."""
+    return _SHARED_CONTEXT.get(server or "")
+
+
+def cut_after_context_error(
+    shrank: bool, label: str | None, server: str | None = None
+) -> dict[str, Any]:
     """A harness that cut its prompt and tools after the server refused a long prompt."""
     who = harness_of(label)
+    setting = shared_context_setting(server)
+    if setting is None:
+        setting = (
+            "llama-server -c, or --override-kv llama.context_length=int:N for a model trained short"
+        )
     text = (
         "The harness cut its system prompt or tools after the server refused a prompt for its "
-        "context size, and the cut re-processed the whole prompt: raise the server's context "
-        "(llama-server -c, or --override-kv llama.context_length=int:N for a model trained "
-        "short), or set the harness's own context limit below the server's so it never hits it."
+        f"context size, and the cut re-processed the whole prompt: raise the server's context "
+        f"({setting}), or set the harness's own context limit below the server's so it never "
+        "hits it."
     )
     return _advice(
         who,

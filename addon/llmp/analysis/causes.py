@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmp.apis.servers import SGLANG, VLLM, VLLM_CPU, VLLM_OR_SGLANG
+
 CLIENT = "client"
 """The harness changed its prompt (its own finding: `prefix_break`)."""
 EXTERNAL = "external"
@@ -43,6 +45,16 @@ class Cause:
     """Client causes: what the harness did, for the `prefix_break` sentence."""
     story: str = ""
     """Server causes: the `server_cache_loss` sentence, with {model}, {times}, {lost}."""
+    by_server: tuple[tuple[str, str], ...] = ()
+    """The fix where a server program has its own (`apis.servers.Server.name`, fix):
+    a finding on vLLM never names llama-server's flags."""
+
+    def fix_for(self, server: str | None) -> str:
+        """The fix for the server that answered (its name), else the general one."""
+        for name, fix in self.by_server:
+            if name == server:
+                return fix
+        return self.fix
 
 
 SYSTEM_CHANGED = "system_changed"
@@ -73,6 +85,86 @@ SWA_FIX = (
     "together (--ctx-checkpoints, --checkpoint-min-step); and keep the prompt stable "
     "before the change, so that there is nothing to go back to."
 )
+
+_SHARED = "The server keeps every request's prompt in one cache until its KV memory runs short"
+_VLLM_MEMORY = (
+    "give vLLM's cache more memory (a higher --gpu-memory-utilization, or "
+    "--kv-cache-memory-bytes; --kv-cache-dtype fp8 halves each token's size), a shorter "
+    "--max-model-len, or run fewer conversations at once (--max-num-seqs)"
+)
+_VLLM_CPU_MEMORY = (
+    "give vLLM's cache more host memory: VLLM_CPU_KVCACHE_SPACE=N (N whole GiB) or "
+    "--kv-cache-memory-bytes (the variable wins when both are set; on the CPU build "
+    "--gpu-memory-utilization is a share of host RAM, ignored once either is set), a "
+    "shorter --max-model-len, or run fewer conversations at once (--max-num-seqs)"
+)
+_SGLANG_MEMORY = (
+    "give SGLang's cache more memory (a higher --mem-fraction-static, or --max-total-tokens), "
+    "a shorter --context-length, or run fewer conversations at once (--max-running-requests)"
+)
+_EITHER_MEMORY = (
+    "give the cache more memory (vLLM --gpu-memory-utilization or --kv-cache-dtype fp8, "
+    "SGLang --mem-fraction-static), a shorter --max-model-len / --context-length, or run "
+    "fewer conversations at once"
+)
+_MEMORY = (
+    (VLLM.name, _VLLM_MEMORY),
+    (VLLM_CPU.name, _VLLM_CPU_MEMORY),
+    (SGLANG.name, _SGLANG_MEMORY),
+    (VLLM_OR_SGLANG.name, _EITHER_MEMORY),
+)
+"""What gives a shared cache more room, per server program: where every shared-cache
+fix ends, since there a loss nothing else explains is the cache's memory."""
+
+
+def _shared(fix: str) -> tuple[tuple[str, str], ...]:
+    """`fix` for each shared-cache server, its memory advice appended."""
+    return tuple((name, f"{fix}; {memory}.") for name, memory in _MEMORY)
+
+
+def _shared_reset() -> tuple[tuple[str, str], ...]:
+    """`server_empty` on a shared cache: no slot to land on, no model unloaded when idle."""
+    vllm = (
+        "--no-enable-prefix-caching turns it off; /reset_prefix_cache, a development "
+        "endpoint, empties it"
+    )
+    reset = {
+        VLLM.name: vllm,
+        VLLM_CPU.name: vllm,
+        SGLANG.name: "--disable-radix-cache turns it off; /flush_cache empties it",
+        VLLM_OR_SGLANG.name: "vLLM --no-enable-prefix-caching or SGLang --disable-radix-cache "
+        "turn it off; vLLM's /reset_prefix_cache or SGLang's /flush_cache empty it",
+    }
+    return tuple(
+        (
+            name,
+            "Look for server restarts, the prefix cache turned off or emptied "
+            f"({reset[name]}), or a conversation's requests spread over several replicas, "
+            "each with its own cache (route each conversation to one replica).",
+        )
+        for name, _ in _MEMORY
+    )
+
+
+def _template() -> tuple[tuple[str, str], ...]:
+    """`server_template` on vLLM and SGLang: the template's kwargs, their way."""
+    head = (
+        "The model's chat template renders the replies since the previous user message "
+        "otherwise once a new one arrives (Qwen 3.x and Gemma 4 drop their reasoning), so "
+        "every user turn re-reads them. Where the template supports it, keep the reasoning "
+        'in the history: send chat_template_kwargs {"preserve_thinking": true} with each '
+        "request"
+    )
+    vllm = f"{head} (or start vLLM with --default-chat-template-kwargs); otherwise it is "
+    vllm += "the template's design."
+    other = f"{head}; otherwise it is the template's design."
+    return (
+        (VLLM.name, vllm),
+        (VLLM_CPU.name, vllm),
+        (SGLANG.name, other),
+        (VLLM_OR_SGLANG.name, other),
+    )
+
 
 CAUSES: tuple[Cause, ...] = (
     Cause(
@@ -194,6 +286,7 @@ CAUSES: tuple[Cause, ...] = (
         "#882255",
         light_text=True,
         story="{model} lost its whole cache {times} with nothing else running in between: {lost}.",
+        by_server=_shared_reset(),
     ),
     Cause(
         SERVER_HEAD_ONLY,
@@ -203,6 +296,11 @@ CAUSES: tuple[Cause, ...] = (
         "prompt cache): give each agent its own slot and enough --cache-ram.",
         "#F0E442",
         story="{model} kept only the start of the prompt {times}: {lost}.",
+        by_server=_shared(
+            "The shared cache kept only the start of the prompt: its later blocks were "
+            "evicted while memory was short (the least recently used go first, a prompt's "
+            "last blocks before its first)"
+        ),
     ),
     Cause(
         SERVER_ROLLBACK,
@@ -214,6 +312,11 @@ CAUSES: tuple[Cause, ...] = (
         "#332288",
         light_text=True,
         story="{model} re-processed the end of the cached prompt {times}: {lost}.",
+        by_server=_shared(
+            "The shared cache lost the end of the cached prompt: its last blocks were "
+            "evicted while memory was short, or the chat template rendered earlier turns "
+            "otherwise"
+        ),
     ),
     Cause(
         SERVER_NO_ROLLBACK,
@@ -223,6 +326,10 @@ CAUSES: tuple[Cause, ...] = (
         "#999933",
         story="{model} could not return its cache to where the prompt changed {times}, and "
         "re-read what came before the change too: {lost}.",
+        by_server=_shared(
+            "The server re-read from before where the prompt changed: keep the prompt stable "
+            "before the change, so that there is nothing to go back to"
+        ),
     ),
     Cause(
         SERVER_TEMPLATE,
@@ -240,19 +347,18 @@ CAUSES: tuple[Cause, ...] = (
         light_text=True,
         story="{model} re-read the replies since the previous user message {times}, because "
         "its chat template rendered them otherwise: {lost}.",
+        by_server=_template(),
     ),
     Cause(
         SERVER_CAPACITY,
         SERVER,
         "the shared cache ran short of memory",
-        "The server keeps every request's prompt in one cache until its KV memory runs "
-        "short, so what ran in between did not evict by itself: give the cache more memory "
-        "(vLLM --gpu-memory-utilization or --kv-cache-dtype fp8, SGLang --mem-fraction-static), "
-        "a shorter --max-model-len / --context-length, or run fewer conversations at once.",
+        f"{_SHARED}, so what ran in between did not evict by itself: {_EITHER_MEMORY}.",
         "#AA4499",
         light_text=True,
         story="{model} lost the conversation from its shared prefix cache {times} while other "
         "requests filled its memory: {lost}.",
+        by_server=_shared(f"{_SHARED}, so what ran in between did not evict by itself"),
     ),
 )
 

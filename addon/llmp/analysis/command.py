@@ -50,8 +50,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--tokenize",
         metavar="URL",
-        help="first fill each recording's token counts from this llama-server's /tokenize "
-        "(rewrites the files in place, atomically; full recordings only; not for stdin)",
+        help="first fill each recording's token counts from this server's /tokenize "
+        "(llama-server, vLLM or SGLang; rewrites the files in place, atomically; full "
+        "recordings only; not for stdin)",
     )
     p.add_argument(
         "--html",

@@ -54,7 +54,6 @@ from llmp.analysis.report import (
 from llmp.analysis.rows import Row
 from llmp.apis.base import CacheUsage, Counts
 from llmp.apis.providers import ANTHROPIC
-from llmp.apis.servers import UNKNOWN
 from llmp.format.measure import SERVER, weakest
 
 
@@ -331,6 +330,7 @@ class Engine:
         )
         row.kind, row.side_call_shape, row.client = TURN, None, conv.client
         row.conversation, row.turn = conv.number, 1
+        row.server = s.server_for(ex.served_model).name
         _set_verdict(row, losses(st, row.counts, None, self.cfg))
         fed.between = Between([], [], [], [])
         s.touch(conv)
@@ -345,7 +345,7 @@ class Engine:
                 o.side_calls_between = btw.side_calls
                 o.other_conversations_between = btw.other_conversations
                 down = o.linked_to is not None and s.down_since(o.linked_to)
-                server = s.servers.get(o.served, UNKNOWN)
+                server = s.server_for(o.served)
                 rolls = o.served in s.rolls_back
                 verdict = losses(other.structure, o.counts, btw, self.cfg, rolls, down, server)
                 _set_verdict(o, verdict)
@@ -475,11 +475,19 @@ class Engine:
         counts = exchange_counts(ex, (total, source), cfg.ollama_evaluated_share, known_old)
         if counts.meaning == "old" and not known_old:
             s.ollama_old.add(served)
+        if counts.reused_tokens is not None:
+            s.observe(served, counts)  # every row's reuse shows the server's block
         model = ex.requested_model or served
         api_name = ex.api.name
         pm = counts.prefill_ms
+        top = ex.top
         server = s.server_of(
-            served, ex.server, api_name, pm is not None and pm[1] == SERVER, provider
+            served,
+            ex.server,
+            api_name,
+            pm is not None and pm[1] == SERVER,
+            top if type(top) is dict else None,
+            provider,
         )
         usage = ex.cache_usage()
         prov = (

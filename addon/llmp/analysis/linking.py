@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llmp.analysis.identity import NO_SESSIONS, Sessions, conflicts
-from llmp.apis.servers import UNKNOWN, Server, identify
+from llmp.apis.servers import UNKNOWN, ReuseSteps, Server, identify, with_learned_block
+from llmp.format.measure import SERVER
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config
     from llmp.analysis.exchange import Exchange
+    from llmp.apis.base import Counts
     from llmp.format.fastread import Msg, ToolDef
 
 RECENT = 64  # conversations the rules after a shared start look at
@@ -155,6 +157,8 @@ class Session:
         any earlier position, so a shortfall after a change is the estimate's, not R31's."""
         self.servers: dict[str, Server] = {}
         """Which server program answered for each served model (`apis.servers`)."""
+        self.steps: dict[str, ReuseSteps] = {}
+        """What each served model's reuse counts show of its server's block."""
         # Prompts the server refused for its context, as it counted them: (id, model, tokens).
         self.refused: deque[tuple[int, str | None, int]] = deque(maxlen=64)
 
@@ -191,15 +195,45 @@ class Session:
         header: str | None,
         api_name: str,
         timings: bool,
+        top: Any = None,
         provider: str | None = None,
     ) -> Server:
         """The server behind `served`: what this response says, else what an earlier one
-        said (a proxy in between may drop the header now and then)."""
-        server = identify(header, api_name, timings, provider)
+        said (a proxy in between may drop the header now and then), with the block its
+        counts have shown so far (`observe`)."""
+        server = identify(header, api_name, timings, top, provider)
         if server is not UNKNOWN:
             self.servers[served] = server
+        else:
+            server = self.servers.get(served, server)
+        return self._with_block(served, server)
+
+    def server_for(self, served: str) -> Server:
+        """The server last seen behind `served`, with its block (`server_of`)."""
+        return self._with_block(served, self.servers.get(served, UNKNOWN))
+
+    def _with_block(self, served: str, server: Server) -> Server:
+        if server.exact:
+            return server  # token-exact: no block to learn (`Server.exact`)
+        steps = self.steps.get(served)
+        if steps is None:
             return server
-        return self.servers.get(served, server)
+        return with_learned_block(server, steps.block(server.block_tokens))
+
+    def observe(self, served: str, counts: Counts) -> None:
+        """A response's reuse counts, as the server said them: its block (`ReuseSteps`)."""
+        reused = counts.reused_tokens
+        if reused is None or reused[1] != SERVER:
+            return
+        steps = self.steps.get(served)
+        if steps is None:
+            steps = self.steps[served] = ReuseSteps()
+        prompt, written = counts.prompt_tokens, counts.cache_write_tokens
+        steps.add(
+            int(prompt[0]) if prompt is not None and prompt[1] == SERVER else None,
+            int(reused[0]),
+            int(written[0]) if written is not None else None,
+        )
 
     def down_since(self, since: int) -> bool:
         """The server was seen down after record `since`."""

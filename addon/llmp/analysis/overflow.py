@@ -28,7 +28,13 @@ from math import inf
 from typing import TYPE_CHECKING, Any
 
 from llmp.apis import ChatApi, request_digest_of
-from llmp.apis.servers import CONTEXT_ERROR_MARKERS, CONTEXT_SIZE_PATTERNS, PROMPT_SIZE_PATTERNS
+from llmp.apis.servers import (
+    CONTEXT_ERROR_MARKERS,
+    CONTEXT_SIZE_PATTERNS,
+    PROMPT_SIZE_PATTERNS,
+    UNKNOWN,
+    identify,
+)
 from llmp.format.measure import ESTIMATE, MV, RANK, SERVER, TOKENIZER, estimate, weakest
 
 if TYPE_CHECKING:
@@ -62,6 +68,8 @@ class Refusal:
     """The model the request asked for."""
     sent: MV | None
     """The prompt in composition units (tokenizer counts or the estimate)."""
+    server: str = ""
+    """The server program its response names (`apis.servers`), or "" when it says none."""
 
 
 def _pos_int(value: Any) -> int | None:
@@ -166,7 +174,10 @@ def refusal_of(
     else:
         return None
     model, sent = _request_size(rec, req, api)
-    return Refusal(said, n_ctx, n_prompt, model, sent)
+    headers = resp.get("headers")
+    header = headers.get("server") if isinstance(headers, dict) else None
+    server = identify(header if isinstance(header, str) else None, api.name)
+    return Refusal(said, n_ctx, n_prompt, model, sent, "" if server is UNKNOWN else server.name)
 
 
 @dataclass
@@ -202,6 +213,9 @@ class Overflow:
         # Status-only refusals of this session, until a larger accepted prompt
         # of the same model disproves them: (record id, served model, size).
         self.pending: list[tuple[int, str, MV]] = []
+        self.servers: dict[str, str] = {}
+        """The server program behind each served model (`Row.server`, a refusal's
+        header): whose settings the finding's fix names."""
 
     def _session(self, number: int) -> None:
         if number != self.session:
@@ -233,6 +247,8 @@ class Overflow:
             self._session(row.session)
         served = row.served
         self.served_by[row.model] = served
+        if row.server:
+            self.servers[served] = row.server
         a, b, c, d = row.composition
         sent = a[0] + b[0] + c[0] + d[0]
         src = a[1]
@@ -330,6 +346,8 @@ class Overflow:
         self._session(session)
         model = refusal.model
         served = (self.served_by.get(model) or model) if model is not None else "unknown"
+        if refusal.server and served not in self.servers:
+            self.servers[served] = refusal.server
         if refusal.said:
             sent: MV | None = refusal.sent
             if refusal.n_prompt is not None:
@@ -412,6 +430,7 @@ class Overflow:
                 "sent": _mv(sent),
                 "reported": None if reported is None else int(reported),
                 "dropped": (_mv((g.dropped, _BY_RANK[g.dropped_rank])) if cut else None),
+                "server": self.servers.get(served),
             },
         }
 

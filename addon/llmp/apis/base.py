@@ -120,6 +120,10 @@ class Counts:
     load_ms: MV | None = None
     # Not in the report: how Ollama's prompt_eval_count was read.
     meaning: str | None = None
+    cache_write_tokens: MV | None = None
+    """Not among the seven: the prompt tokens this request wrote into the server's
+    cache, where the server says (vLLM's `created_cache_tokens`); what it held of the
+    prompt afterwards is `reused_tokens` plus this (`apis.servers.ReuseSteps`)."""
 
     @classmethod
     def server(

@@ -284,8 +284,9 @@ def openai_cache_usage(
     ttl: str | None = None,
 ) -> CacheUsage | None:
     """R35 for OpenAI's usage (Chat's `prompt_tokens`, Responses' `input_tokens`, either with
-    its details): `cached_tokens` read, `cache_write_tokens` written (0 where absent: before
-    GPT-5.6 nothing is billed as a write), the rest uncached.  `cache_write_tokens_details`
+    its details): `cached_tokens` read, `cache_write_tokens` written (vLLM's
+    `created_cache_tokens`; 0 where absent: before GPT-5.6 nothing is billed as a write),
+    the rest uncached.  `cache_write_tokens_details`
     (`ttl_<ttl>_tokens`) says which writes live an hour or more.  None without a prompt
     count or a cached count (a stream without `include_usage`, a server that says nothing)."""
     if type(details) is not dict or prompt is None:
@@ -293,7 +294,8 @@ def openai_cache_usage(
     read = count(details, "cached_tokens")
     if read is None:
         return None
-    write = count(details, "cache_write_tokens") or 0
+    # vLLM says what this request wrote to its prefix cache as `created_cache_tokens`.
+    write = count(details, "cache_write_tokens") or count(details, "created_cache_tokens") or 0
     long = 0
     by_ttl = details.get("cache_write_tokens_details")
     if type(by_ttl) is dict:
@@ -332,11 +334,14 @@ def openai_reason(diag: Any) -> str | None:
 def openai_counts(top: dict[str, Any] | LlamaTop) -> Counts:
     """llama-server, vLLM, SGLang, OpenRouter, DeepSeek, Ollama's /v1 (docs/analysis.md §4).
 
+    vLLM's `prompt_tokens_details.created_cache_tokens` (what the request wrote into the
+    cache) is `Counts.cache_write_tokens`.
+
     `top` is the reply's top level as the plain reader parses it, or llama-server's
     as the fast path decodes it (`fastread.LlamaTop`): only the reading differs, and
     gives the same values (an integer, a time any number, else None)."""
     prompt = completion = cache_n = prompt_n = predicted = None
-    details = flat = hit_n = miss_n = None
+    details = flat = hit_n = miss_n = created = None
     pm = dm = None
     if isinstance(top, LlamaTop):
         u, t = top.usage, top.timings
@@ -352,7 +357,9 @@ def openai_counts(top: dict[str, Any] | LlamaTop) -> Counts:
         if type(usage) is dict:
             prompt, completion = _int(usage, "prompt_tokens"), _int(usage, "completion_tokens")
             d = usage.get("prompt_tokens_details")
-            details = _int(d, "cached_tokens") if type(d) is dict else None
+            if type(d) is dict:
+                details = _int(d, "cached_tokens")
+                created = _int(d, "created_cache_tokens")  # vLLM: what it wrote
             flat = _int(usage, "cached_tokens")
             hit_n = _int(usage, "prompt_cache_hit_tokens")
             miss_n = _int(usage, "prompt_cache_miss_tokens")
@@ -386,6 +393,8 @@ def openai_counts(top: dict[str, Any] | LlamaTop) -> Counts:
     if completion is None:
         completion = _nat(predicted)
     c = Counts.server(prompt, completion, reused, evaluated)
+    if (created := _nat(created)) is not None:
+        c.cache_write_tokens = (created, SERVER)
     if pm is not None and pm >= 0:
         c.prefill_ms = (pm, SERVER)
     if dm is not None and dm >= 0:

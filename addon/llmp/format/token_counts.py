@@ -16,6 +16,13 @@ Choices, and why:
   inside a message (a pasted `<|im_end|>`) is one token there, so it is one
   token here.  Counting texts one by one can still differ from the in-prompt
   count by a token at a boundary, where a tokenizer could merge across it.
+- **Each server's own request.** llama-server's `/tokenize` takes `{"content"}`
+  (`CONTENT`); vLLM's and SGLang's take `{"prompt"}` with `add_special_tokens:
+  false` (`PROMPT`; their Hugging Face tokenizers parse special-token text as
+  llama-server does with `parse_special`), and no model, so each counts with the
+  one it serves.  Both answer `{"tokens": [...]}`.  A `Tokenizer` told no shape
+  tries llama-server's first and, when the server refuses that request (HTTP
+  400 or 422: vLLM and SGLang want a prompt), vLLM's, once.
 - **Once per distinct text.** Hashes are collected over the whole file first;
   each distinct non-empty text is sent once, even when several hashes share
   it.  Empty text counts 0 without a request.
@@ -68,8 +75,11 @@ import orjson
 
 from llmp.format import canonical
 from llmp.format.nouns import n_of
+from llmp.format.tokenize_shapes import CONTENT, PROMPT
 
 __all__ = [
+    "CONTENT",
+    "PROMPT",
     "EnrichResult",
     "Targets",
     "TokenizeError",
@@ -288,8 +298,11 @@ def normalize_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
-def tokenize_payload(text: str) -> bytes:
-    """The `/tokenize` request body for one text (see the module docstring for the flags)."""
+def tokenize_payload(text: str, shape: str = CONTENT) -> bytes:
+    """The `/tokenize` request body for one text in a server's own shape (see the module
+    docstring for the flags)."""
+    if shape == PROMPT:
+        return orjson.dumps({"prompt": text, "add_special_tokens": False})
     return orjson.dumps(
         {"content": text, "add_special": False, "parse_special": True, "with_pieces": False}
     )
@@ -297,6 +310,10 @@ def tokenize_payload(text: str) -> bytes:
 
 class _Stopped(Exception):
     """Another worker failed or the run was interrupted; stop quietly."""
+
+
+class _Refused(TokenizeError):
+    """The server refused llama-server's request shape (it may want vLLM's)."""
 
 
 def _reason(exc: BaseException) -> str:
@@ -308,10 +325,20 @@ class Tokenizer:
     """One server, one connection pool, shared by the worker threads."""
 
     def __init__(
-        self, base: str, *, timeout: float, retries: int, backoff: float, pool: int
+        self,
+        base: str,
+        *,
+        timeout: float,
+        retries: int,
+        backoff: float,
+        pool: int,
+        shape: str | None = None,
     ) -> None:
         self.base = base
         self.endpoint = f"{base}/tokenize"
+        self.shape = shape
+        """The request's shape (`CONTENT`, `PROMPT`); None: llama-server's, then vLLM's
+        when the server refuses it (found on the first text, which is sent alone)."""
         self.retries = max(0, retries)
         self.backoff = backoff
         self.stop = threading.Event()
@@ -335,7 +362,19 @@ class Tokenizer:
 
     def count(self, text: str) -> int:
         """Tokens in `text`, retrying transient failures; `TokenizeError` on the others."""
-        payload = tokenize_payload(text)
+        if self.shape is not None:
+            return self._count(text, self.shape)
+        try:
+            n = self._count(text, CONTENT)
+        except _Refused:
+            n = self._count(text, PROMPT)
+            self.shape = PROMPT
+            return n
+        self.shape = CONTENT
+        return n
+
+    def _count(self, text: str, shape: str) -> int:
+        payload = tokenize_payload(text, shape)
         last = ""
         for attempt in range(self.retries + 1):
             if attempt:
@@ -367,7 +406,10 @@ class Tokenizer:
                 continue
             if status != 200:
                 snippet = response.text.strip().replace("\n", " ")[:200]
-                raise TokenizeError(f"{self.endpoint} answered HTTP {status}: {snippet}")
+                message = f"{self.endpoint} answered HTTP {status}: {snippet}"
+                if self.shape is None and shape == CONTENT and status in (400, 422):
+                    raise _Refused(message)  # maybe vLLM's or SGLang's: try their shape
+                raise TokenizeError(message)
             try:
                 data = orjson.loads(response.content)
             except orjson.JSONDecodeError:
@@ -375,8 +417,8 @@ class Tokenizer:
             tokens = data.get("tokens") if isinstance(data, dict) else None
             if not isinstance(tokens, list):
                 raise TokenizeError(
-                    f"{self.endpoint} did not answer like llama-server's /tokenize "
-                    "(no 'tokens' list in the reply)"
+                    f"{self.endpoint} did not answer like a /tokenize of llama-server, vLLM "
+                    "or SGLang (no 'tokens' list in the reply)"
                 )
             return len(tokens)
         raise TokenizeError(

@@ -240,10 +240,17 @@ def _head(pieces: list[bytes], size: int = 65536) -> bytes:
 
 
 def _token_counts(
-    cap: Capture, api: ChatApi | None, request: dict[str, Any], data: bytes | None, counter: Any
+    cap: Capture,
+    api: ChatApi | None,
+    request: dict[str, Any],
+    response: dict[str, Any] | None,
+    data: bytes | None,
+    counter: Any,
+    headers: dict[str, str],
 ) -> dict[str, Any] | None:
-    """The upstream tokenizer's counts of a chat request's messages (`recorder.tokens`)."""
-    if counter is None or api is None or cap.tokenize is None or not data:
+    """The upstream tokenizer's counts of a chat request's messages (`recorder.tokens`),
+    asked only of a server its response shows to have one (R35)."""
+    if counter is None or api is None or cap.tokenize is None or not data or response is None:
         return None
     if cap.status is None or not 200 <= cap.status < 300:
         return None
@@ -253,8 +260,26 @@ def _token_counts(
             body = canonical.loads(data)
         except canonical.NotJSON:
             return None
-    counts: dict[str, Any] | None = counter.counts(cap.tokenize, api, body)
+    top = response["body"]
+    if not isinstance(top, dict):
+        digest = response["digest"]
+        top = digest.get("usage") if isinstance(digest, dict) else None  # all but `choices`
+    top = top if isinstance(top, dict) else None
+    shape = counter.shape(cap.tokenize, api.name, headers, top)  # tokens.tokenizer_shape
+    counts: dict[str, Any] | None = counter.counts(cap.tokenize, api, body, shape)
     return counts
+
+
+def _all_response_headers(cap: Capture) -> dict[str, str]:
+    """Every response header (names lower-case), before `settle` keeps only R15's and the
+    server's: a provider is also told by a header only it sends (R34)."""
+    fields = cap.response_fields
+    if fields is None:
+        return cap.response_headers
+    out: dict[str, str] = {}
+    for name, value in fields:
+        out.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+    return out
 
 
 def build_record(cap: Capture, mode: str, counter: Any = None) -> dict[str, Any]:
@@ -262,11 +287,13 @@ def build_record(cap: Capture, mode: str, counter: Any = None) -> dict[str, Any]
 
     `counter` (a `recorder.tokens.RecordTokens`, in the builder child) fills `tokens`.
     """
+    asking = counter is not None and cap.tokenize is not None
+    headers = _all_response_headers(cap) if asking else {}
     cap.settle()  # what the client's path left raw: headers, counts (`Capture.settle`)
     api = api_for(cap.method, cap.path)
     request, data = _request_part(cap, mode, api)
     response, first_event = _response_part(cap, mode, api)  # may clear the error (R29)
-    tokens = _token_counts(cap, api, request, data, counter)
+    tokens = _token_counts(cap, api, request, response, data, counter, headers)
     return {
         "v": RECORD_VERSION,
         "id": cap.id,

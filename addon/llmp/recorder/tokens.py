@@ -9,10 +9,18 @@ are not text, and digest mode keeps its promise.  Where in the prompt a change
 begins (R31) is then known in the server's tokens.
 
 It never stands in the client's way: it runs in the child, after the exchange
-ended, and it fails softly.  An upstream without the endpoint (Ollama, vLLM) is
-not asked again; one that errs or is slow is left alone for a while; and a
-record it cannot count is written without counts, never held back for long.
-The tokenizer client is `format.token_counts`'s, with no retries.
+ended, and it fails softly.  An upstream without the endpoint is not asked
+again; one that errs or is slow is left alone for a while; and a record it
+cannot count is written without counts, never held back for long.  The
+tokenizer client is `format.token_counts`'s, with no retries.
+
+It asks only a server known to have `/tokenize` (R35), in that server's own
+request shape (`tokenizer_shape`): llama-server (its `timings`, or `server:
+llama.cpp`), vLLM (its `system_fingerprint`, its `created_cache_tokens`) and
+SGLang (its usage behind uvicorn), each as the response that came back shows it.
+Never a cloud provider (by the host the request went to, or a header only the
+provider sends), never a server that looks like none of them: message text
+goes nowhere the client did not send it.
 """
 
 from __future__ import annotations
@@ -20,8 +28,11 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from typing import Any
+from urllib.parse import urlsplit
 
 from llmp.apis.base import ChatApi
+from llmp.apis.providers import provider_of_headers, provider_of_host
+from llmp.apis.servers import identify
 from llmp.format.token_counts import TokenizeError, Tokenizer
 
 TIMEOUT = 2.0
@@ -35,13 +46,34 @@ MAX_NEW = 256
 conversation resent to a new proxy); the rest wait for the next record."""
 
 
+def tokenizer_shape(
+    upstream: str, api_name: str, headers: dict[str, str], top: dict[str, Any] | None
+) -> str | None:
+    """The `/tokenize` request shape of the server that answered, or None: not to be
+    asked (R35).
+
+    `upstream` is the base URL the request went to, `headers` the response's (names
+    lower-case), `top` its body's top level (`choices` need not be there).
+    """
+    try:
+        host = urlsplit(upstream).hostname
+    except ValueError:
+        return None
+    if provider_of_host(host) is not None or provider_of_headers(headers) is not None:
+        return None
+    timings = top is not None and isinstance(top.get("timings"), dict)
+    return identify(headers.get("server"), api_name, timings, top).tokenize
+
+
 class RecordTokens:
     """Counts of messages and tools by hash, per upstream, asked once each."""
+
+    shape = staticmethod(tokenizer_shape)
 
     def __init__(self, timeout: float = TIMEOUT) -> None:
         self.timeout = timeout
         self._counts: OrderedDict[tuple[str, str], int] = OrderedDict()
-        self._clients: dict[str, Tokenizer] = {}
+        self._clients: dict[tuple[str, str], Tokenizer] = {}
         self._paused: dict[str, float] = {}  # upstream -> monotonic time it may be asked again
         self._none: set[str] = set()  # upstreams without the endpoint
 
@@ -50,18 +82,23 @@ class RecordTokens:
             client.close()
         self._clients.clear()
 
-    def _client(self, upstream: str) -> Tokenizer | None:
+    def _client(self, upstream: str, shape: str) -> Tokenizer | None:
         if upstream in self._none or self._paused.get(upstream, 0.0) > time.monotonic():
             return None
-        client = self._clients.get(upstream)
+        client = self._clients.get((upstream, shape))
         if client is None:
-            client = self._clients[upstream] = Tokenizer(
-                upstream, timeout=self.timeout, retries=0, backoff=0.0, pool=1
+            client = self._clients[(upstream, shape)] = Tokenizer(
+                upstream, timeout=self.timeout, retries=0, backoff=0.0, pool=1, shape=shape
             )
         return client
 
-    def counts(self, upstream: str, api: ChatApi, body: Any) -> dict[str, Any] | None:
-        """The record's `tokens`, or None when the upstream cannot count (or not now)."""
+    def counts(
+        self, upstream: str, api: ChatApi, body: Any, shape: str | None
+    ) -> dict[str, Any] | None:
+        """The record's `tokens`, or None when the upstream cannot count (or not now).
+
+        `shape`: the answering server's `/tokenize` request (`tokenizer_shape`); None
+        asks nothing, and counts only what was counted before."""
         if not isinstance(body, dict):
             return None
         try:
@@ -77,7 +114,7 @@ class RecordTokens:
                     if budget <= 0:
                         return None
                     budget -= 1
-                    n = self._count(upstream, text)
+                    n = self._count(upstream, text, shape)
                     if n is None:
                         return None
                     self._remember((upstream, key), n)
@@ -86,10 +123,10 @@ class RecordTokens:
                 out[part][key] = n
         return out
 
-    def _count(self, upstream: str, text: str) -> int | None:
+    def _count(self, upstream: str, text: str, shape: str | None) -> int | None:
         if not text:
             return 0
-        client = self._client(upstream)
+        client = self._client(upstream, shape) if shape is not None else None
         if client is None:
             return None
         try:

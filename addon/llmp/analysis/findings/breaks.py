@@ -41,6 +41,8 @@ class PrefixBreak(FindingKind):
         """(client, (cause, served)): the breaks."""
         self.links: Counter[tuple[int, str]] = Counter()
         self.refusals: deque[tuple[int, int]] = deque(maxlen=1024)  # (session, record id)
+        self.servers: dict[str, str] = {}
+        """The server program behind each served model: whose settings advice names."""
 
     def refused(self, session: int, record_id: int, refusal: Refusal) -> None:
         # A digest keeps no error body: a 4xx of a chat request may still be the
@@ -59,6 +61,8 @@ class PrefixBreak(FindingKind):
         if row.new_conversation:
             return
         self.links[(row.client, row.served)] += 1
+        if row.server:
+            self.servers[row.served] = row.server
         if row.break_cause is None or row.compaction:
             return
         g = group(self.groups, (row.client, (row.break_cause, row.served)))
@@ -95,7 +99,7 @@ class PrefixBreak(FindingKind):
                 "share": round(g.broken / n_links, 4) if n_links else None,
                 "changed": _positions(g),
             }
-            tip = _break_advice(cause, g, name)
+            tip = _break_advice(cause, g, name, self.servers.get(served))
             if tip is not None:
                 f["evidence"]["advice"] = tip
             out.append(f)
@@ -145,10 +149,12 @@ def _positions(g: LossGroup) -> list[dict[str, Any]]:
     return out
 
 
-def _break_advice(cause: str, g: LossGroup, label: str) -> dict[str, Any] | None:
+def _break_advice(
+    cause: str, g: LossGroup, label: str, server: str | None
+) -> dict[str, Any] | None:
     """What the client can do about its prefix break, when its harness is recognised."""
     if g.after_refusal and g.after_refusal * 2 >= g.broken:
-        return cut_after_context_error(g.shrank > 0, label)
+        return cut_after_context_error(g.shrank > 0, label, server)
     if cause == "system_changed":
         return attribution_header(g.where, label) or volatile_block(g.where, label)
     return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from llmp.analysis.advice import shared_context_setting
 from llmp.analysis.findings.base import FindingKind, Label, Tools
 from llmp.analysis.overflow import CONTEXT_OVERFLOW, Overflow
 from llmp.analysis.words import n_of, short_model, value_of
@@ -48,12 +49,18 @@ class ContextOverflow(FindingKind):
         largest = f"{sent:,.0f} tokens" if sent is not None else "a size not recorded"
         what: list[str] = []
         fixes: list[str] = []
+        server = ev.get("server")
+        # vLLM and SGLang set their context their own way: never llama-server's -c.
+        shared = shared_context_setting(server if isinstance(server, str) else None)
         cut = int(ev.get("truncated") or 0)
         if cut:
             what.append(_cut_text(ev, model, cut, ctx, largest))
             fixes.append(
-                "Raise the context above the largest prompt (Ollama: options.num_ctx in the "
-                "request, or OLLAMA_CONTEXT_LENGTH; llama-server: -c), or make the harness "
+                f"Raise the context above the largest prompt ({shared}), or make the harness "
+                "compact its history before the prompt reaches the limit."
+                if shared is not None
+                else "Raise the context above the largest prompt (Ollama: options.num_ctx in "
+                "the request, or OLLAMA_CONTEXT_LENGTH; llama-server: -c), or make the harness "
                 "compact its history before the prompt reaches the limit."
             )
         refused = int(ev.get("refused") or 0)
@@ -62,7 +69,9 @@ class ContextOverflow(FindingKind):
                 what.append(
                     f"{model} refused {n_of(refused, 'request')} with HTTP 400 when the prompt "
                     f"grew past any it had accepted (up to {largest}); a digest recording keeps "
-                    "no error body, but on llama-server this is a prompt longer than the context"
+                    "no error body, but on "
+                    f"{'this server' if shared is not None else 'llama-server'} this is a "
+                    "prompt longer than the context"
                 )
                 fixes.append("Record with --full to see the server's own error.")
             else:
@@ -72,9 +81,12 @@ class ContextOverflow(FindingKind):
                 )
             fixes.insert(
                 0,
-                "Start the server with a larger context (llama-server -c; with -np N each slot "
-                "gets a share of it), or have the harness compact or trim its history before "
-                "the prompt reaches the limit.",
+                f"Start the server with a larger context ({shared}), or have the harness "
+                "compact or trim its history before the prompt reaches the limit."
+                if shared is not None
+                else "Start the server with a larger context (llama-server -c; with -np N each "
+                "slot gets a share of it), or have the harness compact or trim its history "
+                "before the prompt reaches the limit.",
             )
         return "; ".join(what) + ".", " ".join(dict.fromkeys(fixes))
 

@@ -86,10 +86,16 @@ class ServerCacheLoss(FindingKind):
         super().__init__(cfg)
         self.groups: dict[tuple[str, str], LossGroup] = {}
         self.memory: dict[str, Memory] = {}
+        self.servers: dict[str, str] = {}
+        """The server program behind each served model: whose fix the finding gives."""
 
     def linked(self, row: Row, btw: Between, cut: bool) -> None:
         if not row.new_conversation:
             self._memory(row, btw)
+        if row.server:
+            # The latest word on the server: its build may show only later (a vLLM's
+            # 128-token blocks are its CPU build), and the fix is the build's.
+            self.servers[row.served] = row.server
         ext = row.lost_external
         if ext is None or ext.cause not in SERVER_CAUSES:
             return
@@ -122,7 +128,7 @@ class ServerCacheLoss(FindingKind):
             mem = self.memory.get(served) if kind == SERVER_NO_ROLLBACK else None
             f = loss_finding(self.cfg, self.name, served, None, g, _confidence(kind, g, mem))
             if f is not None:
-                f["evidence"] = {"kind": kind}
+                f["evidence"] = {"kind": kind, "server": self.servers.get(served)}
                 if g.after_cut:
                     f["evidence"]["after_cut"] = g.after_cut
                 if g.after_skipped:
@@ -142,7 +148,11 @@ class ServerCacheLoss(FindingKind):
         story = sub.story.format(
             model=short_model(f.get("model")), times=times(n), lost=lost_text(f)
         )
-        return (story + _memory_note(ev) + _doubt_note(ev), advised(ev, sub.fix))
+        server = ev.get("server")
+        return (
+            story + _memory_note(ev) + _doubt_note(ev),
+            advised(ev, sub.fix_for(server if isinstance(server, str) else None)),
+        )
 
     @classmethod
     def gate_detail(cls, f: dict[str, Any]) -> Any:

@@ -122,12 +122,15 @@ def _app(
     capacity: int,
     cache_report: bool,
     clock: Callable[[], float],
+    block: int | None,
 ) -> App:
     """The flavour's server with all of its APIs, over one model."""
     if flavor == "anthropic-api":
         return AnthropicAPI(model, clock=clock)
     if flavor == "vllm" or flavor == "sglang":
-        return SharedCacheServer(model, flavor, capacity=capacity, cache_report=cache_report)
+        return SharedCacheServer(
+            model, flavor, capacity=capacity, cache_report=cache_report, block=block
+        )
     if flavor == "openai-api":
         return OpenAIAPI(model)
     if flavor == "openrouter":
@@ -151,8 +154,9 @@ class Upstream(RawServer):
     Anthropic's API (``"anthropic-api"``), OpenAI's API (``"openai-api"``) or OpenRouter
     (``"openrouter"``).
 
-    vLLM and SGLang keep one shared prefix cache of ``capacity`` tokens, and
-    report its hits only with ``cache_report`` (their servers' flags).
+    vLLM and SGLang keep one shared prefix cache of ``capacity`` tokens, in blocks
+    of ``block`` tokens (by default vLLM's 16 on a GPU, SGLang's 1), and report its
+    hits only with ``cache_report`` (their servers' flags).
     Anthropic's API keeps its prompt cache on ``clock`` (``anthropic_api``); its
     ``n_ctx`` defaults to ``CONTEXT_WINDOW``, the local servers' to 8192.
 
@@ -175,6 +179,7 @@ class Upstream(RawServer):
         capacity: int = 1 << 20,
         cache_report: bool = True,
         clock: Callable[[], float] = time.time,
+        block: int | None = None,
     ) -> None:
         if flavor not in (
             "llama",
@@ -195,7 +200,7 @@ class Upstream(RawServer):
             model_file=model_file,
         )
         super().__init__(
-            _app(flavor, self.model, capacity, cache_report, clock),
+            _app(flavor, self.model, capacity, cache_report, clock, block),
             fake=fake,
             name=f"fake-{flavor}",
         )

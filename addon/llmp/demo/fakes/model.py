@@ -132,6 +132,9 @@ class Gen:
     reasoning_inline: bool = False
     draft_accept: float | None = None
     """The ``draft`` mode: the share of drafted tokens a draft model got accepted."""
+    cache_written: int = 0
+    """Tokens of the prompt the request wrote into a shared cache (vLLM's
+    ``created_cache_tokens``)."""
 
     @property
     def content_text(self) -> str:

@@ -54,6 +54,7 @@ MODES: dict[str, str] = {
     "close": "answer with Connection: close and close the connection afterwards",
     "no_content_type": "omit the Content-Type response header",
     "content_type": "=VALUE: use this Content-Type instead",
+    "header": "=NAME:VALUE: add this response header (a cloud provider's, to pose as one)",
 }
 
 FAULT_ENDINGS = {

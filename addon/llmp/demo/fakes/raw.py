@@ -70,6 +70,9 @@ class App:
             content_type = ex.modes["content_type"]
         if "no_content_type" not in ex.modes and content_type:
             hdrs.append(("Content-Type", content_type))
+        name, _, value = (ex.modes.get("header") or "").partition(":")
+        if name.strip():
+            hdrs.append((name.strip(), value.strip()))
         return hdrs
 
     async def json(self, resp: Responder, status: int, obj: Any) -> None:

@@ -14,7 +14,17 @@ Wire differences, from each server's OpenAI layer: both answer from uvicorn
 ``delta.reasoning``, SGLang as ``delta.reasoning_content`` and keeps
 ``matched_stop`` and ``usage: null`` in every chunk; vLLM's ids are
 ``chatcmpl-<32 hex>``, SGLang's bare 32 hex.  Both put the usage chunk last
-(``choices: []``) only with ``stream_options.include_usage``.
+(``choices: []``) only with ``stream_options.include_usage``.  As the real vLLM
+0.32 does, vLLM sends ``system_fingerprint: "vllm-<version>-<hash>"`` (in the
+body, and in the usage chunk) and, beside ``cached_tokens``, what the request
+wrote into the cache (``created_cache_tokens``: the prompt's whole blocks not
+already cached); SGLang's usage carries ``reasoning_tokens`` at its top level.
+
+``/tokenize`` in each server's own shape: ``{"prompt", "add_special_tokens"}``
+(SGLang also at ``/v1/tokenize``), answered ``{"count", "max_model_len",
+"tokens", …}``; llama-server's ``{"content"}`` is refused with HTTP 400, as
+their request validation does.  ``block`` sets vLLM's block (128 is the CPU
+build's).
 """
 
 from __future__ import annotations
@@ -25,15 +35,24 @@ import uuid
 from collections import OrderedDict
 from typing import Any, Literal
 
-from llmp.demo.fakes.model import FakeModel, Gen, common_prefix, count_tokens, prompt_text
+from llmp.demo.fakes.model import (
+    FakeModel,
+    Gen,
+    common_prefix,
+    count_tokens,
+    prompt_text,
+    token_id,
+)
 from llmp.demo.fakes.modes import MIDSTREAM_ERROR_MESSAGE
-from llmp.demo.fakes.raw import App
+from llmp.demo.fakes.raw import App, Handler
 from llmp.demo.fakes.responder import Responder
 
 SharedKind = Literal["vllm", "sglang"]
 PATH = "/v1/chat/completions"
 BLOCK = {"vllm": 16, "sglang": 1}
-"""Tokens per cache block: what reuse is counted in."""
+"""Tokens per cache block by default: what reuse is counted in."""
+VLLM_FINGERPRINT = "vllm-0.32.0-6cbdfb74"
+"""vLLM's `system_fingerprint` (its default `--fingerprint-mode full`)."""
 
 
 def compact(obj: Any) -> bytes:
@@ -49,6 +68,9 @@ class PrefixCache:
         self.capacity = capacity
         self.prompts: OrderedDict[str, int] = OrderedDict()
         """Each cached prompt and its tokens, least recently used first."""
+        self.held = 0
+        """Tokens of the last prompt looked up that the cache holds after it: its
+        whole blocks (vLLM's `created_cache_tokens` is this less the hit)."""
 
     def used(self) -> int:
         """Tokens held: a prompt's prefix shared with an earlier-held one is held once."""
@@ -67,6 +89,7 @@ class PrefixCache:
         for cached in self.prompts:
             best = max(best, common_prefix(cached, prompt) // 4)
         hit = min(best, total - 1) // self.block * self.block
+        self.held = total // self.block * self.block
         for cached in [p for p in self.prompts if prompt.startswith(p)]:
             del self.prompts[cached]  # the new prompt extends it: the same blocks
         self.prompts[prompt] = total
@@ -80,14 +103,29 @@ class SharedCacheServer(App):
     """A vLLM or SGLang OpenAI server for one model (``kind``)."""
 
     def __init__(
-        self, model: FakeModel, kind: SharedKind, *, capacity: int, cache_report: bool
+        self,
+        model: FakeModel,
+        kind: SharedKind,
+        *,
+        capacity: int,
+        cache_report: bool,
+        block: int | None = None,
     ) -> None:
         super().__init__()
         self.model = model
         self.kind: SharedKind = kind
-        self.cache = PrefixCache(BLOCK[kind], capacity)
+        self.cache = PrefixCache(block or BLOCK[kind], capacity)
         self.cache_report = cache_report
-        self.add_routes({("POST", PATH): self._chat, ("GET", "/v1/models"): self._models})
+        self.fingerprint: str | None = VLLM_FINGERPRINT if kind == "vllm" else None
+        """vLLM's `system_fingerprint`; None as with `--fingerprint-mode none`."""
+        routes: dict[tuple[str, str], Handler] = {
+            ("POST", PATH): self._chat,
+            ("GET", "/v1/models"): self._models,
+            ("POST", "/tokenize"): self._tokenize,
+        }
+        if kind == "sglang":
+            routes[("POST", "/v1/tokenize")] = self._tokenize
+        self.add_routes(routes)
 
     # flavour hooks ---------------------------------------------------------
 
@@ -111,6 +149,36 @@ class SharedCacheServer(App):
     async def _models(self, resp: Responder) -> None:
         card = {"id": self.model.model_file, "object": "model", "owned_by": self.kind}
         await self.json(resp, 200, {"object": "list", "data": [card]})
+
+    async def _tokenize(self, resp: Responder) -> None:
+        """Each server's `/tokenize`: a prompt in, its tokens and their count out."""
+        body = self.parse_json_body(resp.ex) or {}
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) and not isinstance(body.get("messages"), list):
+            if self.kind == "vllm":  # pydantic's errors, as vLLM words them
+                message = (
+                    "2 validation errors:\n  {'type': 'missing', 'loc': 'body.prompt', "
+                    "'msg': 'Field required'}\n  {'type': 'missing', 'loc': 'body.messages', "
+                    "'msg': 'Field required'}"
+                )
+                err = {"message": message, "type": "Bad Request", "param": "body.prompt"}
+                await self.json(resp, 400, {"error": {**err, "code": 400}})
+            else:
+                message = "Exactly one of 'prompt' or 'messages' must be provided."
+                await self.error(resp, "/tokenize", 400, message)
+            return
+        text = prompt if isinstance(prompt, str) else prompt_text(body)
+        ids = [token_id(text[i : i + 4]) for i in range(0, len(text), 4)]
+        if body.get("add_special_tokens", True):
+            ids.insert(0, 1)  # a BOS, as the default asks
+        reply: dict[str, Any] = {
+            "count": len(ids),
+            "max_model_len": self.model.n_ctx,
+            "tokens": ids,
+        }
+        if self.kind == "vllm":
+            reply["token_strs"] = None
+        await self.json(resp, 200, reply)
 
     def _too_long_message(self, n: int) -> str:
         if self.kind == "vllm":
@@ -137,6 +205,8 @@ class SharedCacheServer(App):
         g = self.model.plan(ex, body, "openai")
         hit = 0 if "cache_miss" in ex.modes else self.cache.lookup(prompt_text(body))
         g.cache_n, g.prompt_n = hit, g.prompt_tokens - hit
+        if "cache_miss" not in ex.modes:
+            g.cache_written = max(0, self.cache.held - hit)
         if g.tool is not None:
             g.tool.id = f"chatcmpl-tool-{uuid.UUID(int=g.rng.getrandbits(128)).hex}"
         cid = uuid.UUID(int=g.rng.getrandbits(128)).hex
@@ -157,9 +227,14 @@ class SharedCacheServer(App):
             "completion_tokens": g.predicted_n,
         }
         if self.cache_report:
-            usage["prompt_tokens_details"] = {"cached_tokens": g.cache_n}
+            details: dict[str, Any] = {"cached_tokens": g.cache_n}
+            if self.kind == "vllm":
+                details["created_cache_tokens"] = g.cache_written
+            usage["prompt_tokens_details"] = details
         elif self.kind == "sglang":
             usage["prompt_tokens_details"] = None
+        if self.kind == "sglang":
+            usage["reasoning_tokens"] = 0
         return usage
 
     def _tool_calls(self, g: Gen, *, streamed: bool) -> list[dict[str, Any]]:
@@ -187,6 +262,8 @@ class SharedCacheServer(App):
             }
             if usage is not None or self.kind == "sglang":
                 chunk["usage"] = usage
+            if usage is not None and self.kind == "vllm":
+                chunk["system_fingerprint"] = self.fingerprint
             events.append(b"data: " + compact(chunk) + b"\n\n")
 
         def delta(d: dict[str, Any], finish: str | None = None) -> None:
@@ -218,7 +295,7 @@ class SharedCacheServer(App):
         if g.reasoning:
             message[self._reasoning_key()] = g.reasoning_text
         message["tool_calls"] = self._tool_calls(g, streamed=False) if g.tool else []
-        return {
+        body: dict[str, Any] = {
             "id": cid,
             "object": "chat.completion",
             "created": g.created,
@@ -226,5 +303,13 @@ class SharedCacheServer(App):
             "choices": [
                 {"index": 0, "message": message, "logprobs": None, "finish_reason": g.finish}
             ],
-            "usage": self._usage(g),
         }
+        if self.kind == "vllm":
+            body["service_tier"] = None
+            body["system_fingerprint"] = self.fingerprint
+        body["usage"] = self._usage(g)
+        if self.kind == "vllm":
+            body.update(prompt_logprobs=None, prompt_token_ids=None, kv_transfer_params=None)
+        else:
+            body["metadata"] = {"weight_version": "default"}
+        return body
