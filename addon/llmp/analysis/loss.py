@@ -97,6 +97,8 @@ class Structure:
     tools_after: int = 0  # the tools block's part of `after`
     tools_fresh: int = 0  # its new tools' part of `fresh`
     tools_differ: bool = False  # the tools array changed (its place is the template's)
+    tools_same: bool = True
+    """The tools array is the linked turn's (set for every linked request)."""
     changed: list[dict[str, Any]] | None = None
     """Where each changed message changed (digest mode: which part; full mode: the offset)."""
     prev_prompt: int | None = None  # the linked turn's prompt, as its server counted it
@@ -183,6 +185,7 @@ def compare(ex: Exchange, link: Link | None, cfg: Config, head_is_free: bool = F
         head_is_free and nsys > 0 and len(last.sys) == nsys and sys[1:] == last.sys[1:]
     )
     tools_eq = ex.tools.hash == last.tools_hash
+    st.tools_same = tools_eq
     ps = nsys if sys_eq else lcp(sys, last.sys)
     prefix = system[0] if sys_eq else ex.range_tokens(0, ps)[0]
     if sys_eq and tools_eq:

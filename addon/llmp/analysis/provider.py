@@ -285,10 +285,18 @@ def verdict(
     if head_only:
         # Only the start is shared (a new conversation, or a compaction that kept the system
         # prompt and tools): what could be read is that start, scaled from the composition.
+        # A provider caches the tools first, then the system prompt: changed tools leave
+        # nothing shared; otherwise the tools and the system prompt up to its change are.
         total = st.total
         if total <= 0:
             return v, None
-        shared = (st.prefix + st.volatile) * usage.prompt / total
+        if not st.tools_same:
+            units = 0.0
+        elif st.tools_in_prefix or st.volatile:
+            units = float(st.prefix + st.volatile)  # the tools are inside either already
+        else:
+            units = float(st.prefix + st.tools[0])
+        shared = units * usage.prompt / total
         could = min(could, shared)
         src = weakest(SERVER, st.source, ESTIMATE)
         margin = cfg.estimate_margin * shared
