@@ -206,6 +206,22 @@ def test_the_billing_line_is_no_part_of_the_cache_key(
     assert turn(c, body(other.replace("7c2", "d41")))[0] == 0
 
 
+def test_the_diagnosis_ignores_the_billing_line_whatever_its_length(
+    up: Upstream, stack: contextlib.ExitStack
+) -> None:
+    """Claude Code's line grows between requests (`cc_prompt_id=…`, then `cc_prev_req=…`):
+    the API read everything, so it names no change."""
+    c = client(stack, up.url)
+    head = "x-anthropic-billing-header: cc_version=2.1.332.b2c; cc_entrypoint=sdk-cli; "
+
+    def body(first: str) -> dict[str, Any]:
+        return req(system=[{"type": "text", "text": head + first}, block(SYSTEM_N, "s", CC)])
+
+    first = _diag(c, body("cc_prompt_id=55db;"), None)
+    _diag(c, body("cc_prev_req=req_011C7DIENxCZnT2yIg0123456789abcdef;"), first)
+    assert _sent(up) is None
+
+
 def test_moving_breakpoint_reads_through_the_lookback(
     up: Upstream, stack: contextlib.ExitStack
 ) -> None:

@@ -52,9 +52,10 @@ if TYPE_CHECKING:
     from llmp.analysis.exchange import Exchange
     from llmp.apis.base import Counts
 
-BILLING_MAX_CHARS = 200
+BILLING_MAX_CHARS = 400
 """Claude Code's billing line (`x-anthropic-billing-header: cc_version=…; cc_entrypoint=…;`,
-with a per-request `cch=…` on newer versions) is about 75–110 characters."""
+with a per-request `cch=…`, `cc_prompt_id=…` or `cc_prev_req=…` on newer versions) is 75 to
+about 240 characters; the instructions behind it are thousands."""
 CLAUDE_CODE_UA = "claude-cli/"
 
 NOT_READY = "not_ready"

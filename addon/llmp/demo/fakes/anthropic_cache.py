@@ -603,7 +603,8 @@ def diagnose(
     )
     for kind, old, new, appending in tiers:
         same = 0
-        while same < len(old) and same < len(new) and old[same] == new[same]:
+        # Digests alone: the billing line's digest is constant while its length varies.
+        while same < len(old) and same < len(new) and old[same][0] == new[same][0]:
             same += 1
         diverged = same < len(old) or (not appending and len(new) != len(old))
         if diverged:
