@@ -10,12 +10,50 @@ from pathlib import Path
 import orjson
 import pytest
 
+from llmp.analysis import analyze as analyze_files
 from tests.support.adds_up import problems, readable_problems
 from tests.support.live_checks import analyze, value
 from tests.support.real import llama_paths
 from tests.support.words import slips
 
 pytestmark = pytest.mark.e2e
+
+PROVIDER_PART = "llmp demo: the same harnesses on providers"
+
+
+def assert_provider_part(folder: Path, out: str) -> None:
+    """The provider part: four turns on each fake provider, priced, each provider's one miss
+    charged to the client's change with its dollars, and the readable report money first."""
+    paths = [folder / "anthropic-api.jsonl", folder / "openai-api.jsonl"]
+    for path in paths:
+        data = path.read_bytes()
+        assert len(data.splitlines()) == 4 and b"demo-key-not-recorded" not in data
+    result = analyze_files([str(p) for p in paths])
+    try:
+        report = result.report()
+    finally:
+        result.close()
+    rows = report["rows"]
+    assert [r["server"] for r in rows] == ["anthropic"] * 4 + ["openai"] * 4
+    assert all(r["cost_usd"] and r["cost_usd"] > 0 for r in rows)
+    # Each file numbers its own records: the rows' places say which turn is which.
+    losses = [(n, r["lost_client"]["cause"]) for n, r in enumerate(rows) if r["lost_client"]]
+    assert losses == [(2, "tools_changed"), (6, "cache_key_changed")]
+    for n in (2, 6):
+        before, row = rows[n - 1], rows[n]
+        left = before["cache_read_tokens"] + before["cache_write_tokens"]
+        if row["server"] == "openai":  # automatic caching: the whole prompt was left
+            left = before["cache_read_tokens"] + before["uncached_tokens"]
+        assert row["lost_client"]["tokens"] == left - row["cache_read_tokens"]
+        assert row["lost_client"]["usd"] > 0
+    assert all(r["lost_external"] is None for r in rows)
+    assert report["cost"]["total_usd"] > report["cost"]["lost_usd"] > 0
+    assert problems(report) == []
+    report_text = out[out.index("llmp analyze") :]
+    assert report_text.index(" spent, ") < report_text.index("Prefill took")  # money first
+    assert "prompt_cache_key" in report_text and "tool definitions changed" in report_text
+    assert readable_problems(report_text, report) == []
+    assert slips(report_text) == []
 
 
 def test_demo_with_the_bundled_fake_server(tmp_path: Path) -> None:
@@ -29,6 +67,8 @@ def test_demo_with_the_bundled_fake_server(tmp_path: Path) -> None:
         timeout=180,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    out, _, paid = proc.stdout.partition(PROVIDER_PART)
+    assert paid, proc.stdout
     records = [orjson.loads(line) for line in (tmp_path / "demo.jsonl").read_bytes().splitlines()]
     assert [r["id"] for r in records] == list(range(1, 13))
     assert [r["request"]["path"] for r in records] == ["/v1/chat/completions"] * 6 + [
@@ -37,7 +77,6 @@ def test_demo_with_the_bundled_fake_server(tmp_path: Path) -> None:
     assert all(r["error"] is None and r["response"]["stream"] == "sse" for r in records)
     assert all(r["request"]["digest"] is not None for r in records)  # digest mode: no text
     assert b"demo-key-not-recorded" not in (tmp_path / "demo.jsonl").read_bytes()
-    out = proc.stdout
     assert "bundled fake llama-server" in out
     assert "side-calls evicted the cache" in out
     assert "system prompt changed" in out
@@ -70,6 +109,7 @@ def test_demo_with_the_bundled_fake_server(tmp_path: Path) -> None:
     assert [r["turn"] for r in codex] == [1, 2, 3]
     assert all(r["cause"] is None and r["break_cause"] is None for r in codex)
     assert all(r["observed_reuse"] > 0.9 for r in codex[1:])
+    assert_provider_part(tmp_path / "provider", paid)
 
 
 @pytest.mark.real_server
@@ -84,7 +124,9 @@ def test_demo_with_the_real_llama_server(tmp_path: Path) -> None:
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = proc.stdout
+    out, _, paid = proc.stdout.partition(PROVIDER_PART)
+    assert paid, proc.stdout
+    assert_provider_part(tmp_path / "provider", paid)
     assert "real llama-server" in out and "CLAUDE_CODE_ATTRIBUTION_HEADER" in out
     report = analyze(tmp_path / "demo.jsonl")
     rows = {r["id"]: r for r in report["rows"]}

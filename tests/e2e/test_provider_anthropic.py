@@ -9,6 +9,8 @@ truth, every cost against Anthropic's documented arithmetic.
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -299,13 +301,12 @@ def test_a_gap_longer_than_five_minutes_expires_the_5m_entries_only(
         client = claude_client(md)
         short = ClaudeSession(client, seed="five")
         hour = ClaudeSession(client, ttl=CC_1H, seed="hour")
-        short.turn("one")
-        hour.turn("one")
-        import time
-
+        # Two sessions, each its own first message, as two users' would be.
+        short.turn("five: one")
+        hour.turn("hour: one")
         time.sleep(305)
-        short.turn("two")
-        hour.turn("two")
+        short.turn("five: two")
+        hour.turn("hour: two")
         rep = report(rec, 4)
     d = decisions(fake)
     by = rows(rep)

@@ -6,6 +6,7 @@ without importing rich (which `--json` never needs).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,7 +48,10 @@ def money(usd: float | None) -> str:
         return f"${usd:,.2f}"
     if usd >= 0.001:
         return f"${usd:.3f}"
-    return f"${usd:.2g}" if usd >= 1e-6 else "under $0.000001"
+    if usd < 1e-6:
+        return "under $0.000001"
+    places = 1 - math.floor(math.log10(usd))  # two digits that are not zero, no exponent
+    return f"${usd:.{places}f}"
 
 
 def value_of(mv: Any) -> float | None:

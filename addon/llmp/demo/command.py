@@ -10,6 +10,11 @@ Three agents take turns on the one server: an OpenAI-chat agent (whose
 system prompt carries a clock), a Claude-Code-like agent on `/v1/messages`
 (whose attribution line changes when it compacts), and a Codex-like agent on
 `/v1/responses` (a clean conversation).  Plain `http.client` is all they use.
+
+Then the same two harnesses pay a provider: a Claude-Code-like agent on the bundled fake
+of Anthropic's API and a Codex-like one on the fake of OpenAI's, each keeping its
+provider's documented cache rules, so the second report is in dollars: what the session
+cost, and what a tool added mid-conversation and a new `prompt_cache_key` cost on top.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -184,7 +189,9 @@ def claude_session() -> Iterator[tuple[str, dict[str, Any]]]:
     yield "claude 3: after /compact, a new attribution line", _claude_body("119", compacted)
 
 
-def codex_session() -> Iterator[tuple[str, dict[str, Any]]]:
+def codex_session(
+    turns: int = 3, developer: str | None = None
+) -> Iterator[tuple[str, dict[str, Any]]]:
     """A Codex-like agent on `/v1/responses`: the whole input resent every turn."""
 
     def message(role: str, text: str) -> dict[str, Any]:
@@ -192,12 +199,16 @@ def codex_session() -> Iterator[tuple[str, dict[str, Any]]]:
         return {"type": "message", "role": role, "content": [{"type": kind, "text": text}]}
 
     items = [
-        message("developer", _system("2026-11-30 09:00")["content"]),
+        message("developer", developer or _system("2026-11-30 09:00")["content"]),
         message("user", "<environment_context><cwd>/repo</cwd></environment_context>"),
         message("user", "List the Python files."),
     ]
-    steps = [("utils.py and app.py.", "Which one has tests?"), ("utils.py.", "Run them.")]
-    for n in range(3):
+    steps = [
+        ("utils.py and app.py.", "Which one has tests?"),
+        ("utils.py.", "Run them."),
+        ("All pass.", "Any slow ones?"),
+    ]
+    for n in range(turns):
         label = "codex 1: a new conversation" if n == 0 else f"codex {n + 1}: continues"
         yield (
             label,
@@ -216,6 +227,55 @@ def codex_session() -> Iterator[tuple[str, dict[str, Any]]]:
             items += [message("assistant", answer), message("user", ask)]
 
 
+# -- the provider part: the same harnesses, paying ----------------------------------------
+
+PROVIDER_RULES = "\n".join(f"{n}. {rule}" for n, rule in enumerate(GUIDELINES * 12, 1))
+"""Long enough (about 1,500 tokens) to pass both providers' minimum cacheable length."""
+MCP_TOOL: dict[str, Any] = {
+    "name": "search_issues",
+    "description": "Search the issue tracker (an MCP server connected mid-session).",
+    "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}},
+}
+
+
+def anthropic_session() -> Iterator[tuple[str, dict[str, Any]]]:
+    """Claude-Code-like turns on Anthropic's API; the third adds an MCP tool, and since a
+    provider caches the tools first, nothing of the cached prefix is read again."""
+    system = _claude_system("7c2")
+    system[2]["text"] = PROVIDER_RULES
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Where is slugify() defined?"}]
+    steps = [
+        ("anthropic 1: a new conversation (writes the cache)", CLAUDE_TOOLS),
+        ("anthropic 2: continues (reads it)", CLAUDE_TOOLS),
+        ("anthropic 3: an MCP tool was connected", [*CLAUDE_TOOLS, MCP_TOOL]),
+        ("anthropic 4: continues", [*CLAUDE_TOOLS, MCP_TOOL]),
+    ]
+    for n, (label, tools) in enumerate(steps):
+        body = _claude_body("7c2", history)
+        body.update(model="claude-sonnet-4-5", system=system, tools=tools)
+        yield label, body
+        history += [
+            {"role": "assistant", "content": f"Answer {n + 1}."},
+            {"role": "user", "content": f"Follow-up question {n + 2}?"},
+        ]
+
+
+def openai_session() -> Iterator[tuple[str, dict[str, Any]]]:
+    """Codex-like turns on OpenAI's Responses API (automatic caching, routed by the prompt's
+    start and `prompt_cache_key`); the third comes with a new key, as a harness that keys
+    by request rather than by conversation would send it."""
+    keys = ["conv-7f3a", "conv-7f3a", "req-91c2", "req-91c2"]
+    for n, (_, body) in enumerate(codex_session(turns=4, developer=PROVIDER_RULES)):
+        label = [
+            "openai 1: a new conversation",
+            "openai 2: continues (reads the cache)",
+            "openai 3: a new prompt_cache_key",
+            "openai 4: continues",
+        ][n]
+        body.update(model="gpt-5", prompt_cache_key=keys[n])
+        yield label, body
+
+
 def _counters(path: str, event: dict[str, Any], got: dict[str, Any]) -> None:
     """Keep the counters one streamed event carries (each API has its own)."""
     if path == "/v1/chat/completions":
@@ -226,11 +286,14 @@ def _counters(path: str, event: dict[str, Any], got: dict[str, Any]) -> None:
         usage = (event.get("message") or {}).get("usage") or {}
         if "input_tokens" in usage:
             got["reused"] = usage.get("cache_read_input_tokens")
+            got["written"] = usage.get("cache_creation_input_tokens")
             got["processed"] = usage["input_tokens"]
     elif event.get("type") == "response.completed":
         usage = (event.get("response") or {}).get("usage") or {}
-        cached = (usage.get("input_tokens_details") or {}).get("cached_tokens")
+        details = usage.get("input_tokens_details") or {}
+        cached = details.get("cached_tokens")
         got["reused"] = cached
+        got["written"] = details.get("cache_write_tokens", 0)
         if isinstance(cached, int) and isinstance(usage.get("input_tokens"), int):
             got["processed"] = usage["input_tokens"] - cached
 
@@ -409,10 +472,37 @@ def show_recording(path: Path) -> None:
     print("(prefill: the server's own ms; /v1/messages reports none, so llmp times it itself)")
 
 
-def _report_line(label: str, got: dict[str, Any]) -> None:
+def _report_line(label: str, got: dict[str, Any], provider: bool = False) -> None:
     reused, processed = got.get("reused", "?"), got.get("processed", "?")
     tokens = plural("prompt token", processed) if isinstance(processed, int) else "prompt tokens"
+    if provider:  # what it read, wrote and billed in full
+        written = got.get("written", "?")
+        print(f"  {label:<58} read {reused:>5}, wrote {written:>5}, uncached {processed:>5}")
+        return
     print(f"  {label:<58} reused {reused:>5}, processed {processed:>5} {tokens}")
+
+
+def provider_part(out_dir: Path) -> Path:
+    """The Claude-Code-like and Codex-like agents on the fake providers, recorded into one
+    file per provider (two mitmdumps, one in front of each); returns the folder."""
+    from llmp.demo.fakes import Upstream
+    from llmp.demo.fakes.model import Flavor
+
+    folder = out_dir / "provider"
+    folder.mkdir(exist_ok=True)
+    parts: list[tuple[Flavor, str, Callable[[], Iterator[tuple[str, dict[str, Any]]]], str]] = [
+        ("anthropic-api", "/v1/messages", anthropic_session, CLAUDE_UA),
+        ("openai-api", "/v1/responses", openai_session, CODEX_UA),
+    ]
+    for flavor, path, session, agent in parts:
+        record = folder / f"{flavor}.jsonl"
+        record.unlink(missing_ok=True)
+        (folder / flavor).mkdir(exist_ok=True)
+        with Upstream(flavor) as up, mitmdump(up.url, record, folder / flavor) as proxy_url:
+            print(f"llmp demo: the fake {flavor} at {up.url}, recorded into {record}")
+            for label, body in session():
+                _report_line(label, post_stream(proxy_url, path, body, agent), provider=True)
+    return folder
 
 
 def run(args: argparse.Namespace) -> int:
@@ -447,6 +537,10 @@ def run(args: argparse.Namespace) -> int:
     show_recording(record)
     print()
     print_readable([str(record)])
+    print("\nllmp demo: the same harnesses on providers, where a miss costs money\n")
+    folder = provider_part(out_dir)
+    print()
+    print_readable(sorted(str(p) for p in folder.glob("*.jsonl")))
     return 0
 
 

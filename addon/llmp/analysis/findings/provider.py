@@ -288,7 +288,8 @@ class ProviderEvicted(ProviderLoss):
         n = len(f.get("rows", []))
         over = int(ev.get("overflow") or 0)
         note = (
-            f"; {n_of(over, 'turn')} of them came with more than 15 requests a minute on one "
+            f"; {n_of(over, 'turn')} of them came with more than "
+            f"{providers.facts()['openai']['overflow_per_minute']} requests a minute on one "
             "prompt start and key (OpenAI's overflow)"
             if over
             else ""
