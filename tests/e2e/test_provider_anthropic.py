@@ -71,27 +71,31 @@ def test_a_clean_session_loses_nothing_and_costs_what_anthropic_bills(
             messages=[{"role": "user", "content": "read calc.py"}],
         )
         usages += [side.usage]
+        # And another conversation, with its own system prompt and tools: the same.
+        usages += [ClaudeSession(client, seed="other").turn("another task").usage]
         usages += [s.turn("now fix it").usage, s.turn("run them").usage]
-        rep = report(rec, 5)
+        rep = report(rec, 6)
     d = decisions(fake)
     by = rows(rep)
-    assert [r["server"] for r in rep["rows"]] == ["anthropic"] * 5
+    assert [r["server"] for r in rep["rows"]] == ["anthropic"] * 6
     turns = [r for r in rep["rows"] if r["kind"] == "turn"]
-    assert len(turns) == 4 and len({r["conversation"] for r in turns}) == 1
+    assert len(turns) == 5 and len({r["conversation"] for r in turns}) == 2
+    assert by[5]["linked_to"] == 2 and by[6]["linked_to"] == 5
     assert all(loss_of(r) is None for r in rep["rows"])
     assert rep["time"]["lost_tokens"] == 0
-    # Only the last turn's writes were still unread when the recording ended: said so, at
+    assert rep["time"]["by_cause"] == {}
+    # Only the last turns' writes were still unread when the recording ended: said so, at
     # low confidence (a later turn might have read them).
     (unread,) = rep["findings"]
-    assert unread["kind"] == "unread_cache_writes" and unread["rows"] == [5]
-    assert unread["evidence"]["unread_at_end"] == 1 and unread["confidence"] == "low"
+    assert unread["kind"] == "unread_cache_writes" and unread["rows"] == [4, 6]
+    assert unread["evidence"]["unread_at_end"] == 2 and unread["confidence"] == "low"
     # The row's split is the provider's own, to the token.
     for i, (row, dec) in enumerate(zip(rep["rows"], d, strict=True)):
         assert row["cache_read_tokens"] == dec.read, i
         assert row["cache_write_tokens"] == dec.write_5m + dec.write_1h, i
         assert row["uncached_tokens"] == dec.uncached, i
     # Each clean turn read all its linked turn left cached.
-    assert d[1].read == d[0].cached and d[3].read == d[1].cached and d[4].read == d[3].cached
+    assert d[1].read == d[0].cached and d[4].read == d[1].cached and d[5].read == d[4].cached
     # Cost: each row within 2 % of Anthropic's arithmetic at the documented prices.
     for row, usage in zip(rep["rows"], usages, strict=True):
         if row["model"].startswith("claude-sonnet-4-5"):
