@@ -1,0 +1,124 @@
+"""OpenAI on the analysis's side, from hand-made records: a Chat stream without a usage is
+counted as unknown, never as zero (its cost and cache use left out, and said so);
+OpenAI's overflow (R35: above 15 requests a minute on one prompt start and key) is named
+with the busiest minute and what of it read the cache; a text format changed within a
+conversation is that conversation's `settings_changed`.  The same end to end:
+tests/e2e/test_provider_openai.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmp.analysis.html import render_html
+from llmp.analysis.render import without_usage_text
+from llmp.cli import main
+from tests.support import scenarios as sc
+from tests.support.adds_up import problems
+
+UA = "a-harness/1.0"
+SYSTEM = "You are a careful assistant. " * 300  # about 2,000 tokens
+
+
+def usage(prompt: int, cached: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": 8,
+        "total_tokens": prompt + 8,
+        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
+    }
+
+
+def exchange(
+    tr: sc.Traffic,
+    body: dict[str, Any],
+    used: dict[str, Any] | None,
+    *,
+    stream: bool = False,
+    at: int | None = None,
+    upstream: str | None = "api.openai.com",
+) -> None:
+    """One Chat Completions exchange with api.openai.com (`used`: its usage, or none)."""
+    t = tr.t if at is None else at
+    reply = {
+        "id": f"chatcmpl-{tr.next_id}",
+        "object": "chat.completion",
+        "model": body["model"],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+        "service_tier": "default",
+    }
+    if used is not None:
+        reply["usage"] = used
+    rec = tr._record(
+        method="POST",
+        path="/v1/chat/completions",
+        ua=UA,
+        body={**body, "stream": True} if stream else body,
+        status=200,
+        resp_body=reply,
+        stream="sse" if stream else None,
+        t_start=t,
+        t_first=t + 200,
+        t_end=t + 300,
+    )
+    if upstream is not None:
+        rec["request"]["upstream"] = upstream
+    tr.t = t + 1000
+
+
+def body(user: str, key: str = "conv", **extra: Any) -> dict[str, Any]:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+    return {"model": "gpt-5", "messages": messages, "prompt_cache_key": key, **extra}
+
+
+def test_a_chat_stream_without_usage_is_unknown_not_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tr = sc.Traffic()
+    exchange(tr, body("first"), None, stream=True)
+    exchange(tr, body("second"), None, stream=True)
+    asked = body("third", stream_options={"include_usage": True})
+    exchange(tr, asked, None, stream=True)  # asked, yet none came (cut short)
+    exchange(tr, body("fourth"), usage(2010, 1920))
+    path = tr.write(tmp_path / "rec.jsonl")
+    rep = sc.analyse(tr, tmp_path)
+    rows = sc.rows_by_id(rep)
+    for rid in (1, 2, 3):
+        r = rows[rid]
+        assert r["server"] == "openai"
+        assert r["cache_read_tokens"] is None and r["uncached_tokens"] is None
+        assert r["cost_usd"] is None and r["counts"]["prompt_tokens"] is None
+    assert rows[4]["cache_read_tokens"] == 1920 and rows[4]["cost_usd"] > 0
+    cost = rep["cost"]
+    assert cost["requests_without_usage"] == 3
+    assert cost["streams_without_include_usage"] == 2
+    assert cost["total_usd"] == pytest.approx(rows[4]["cost_usd"], abs=1e-6)
+    assert cost["unpriced_models"] == []  # unmeasured is not unpriced
+    assert problems(rep) == []
+    assert "Without usage" in render_html(rep, None)  # the page's money cards say it too
+    assert main(["analyze", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "3 requests came without a usage (2 of them Chat Completions streams that did not "
+        'ask: stream_options: {"include_usage": true}): what they cost and read from the '
+        "cache is unknown, and not in these figures." in out
+    )
+
+
+def test_the_words_for_requests_without_usage() -> None:
+    assert without_usage_text({"requests_without_usage": 0}) == ""
+    assert without_usage_text({}) == ""
+    one = without_usage_text({"requests_without_usage": 1, "streams_without_include_usage": 1})
+    assert one == (
+        "1 Chat Completions stream came without a usage: the request did not ask for one "
+        '(stream_options: {"include_usage": true}), so what it cost and read from the cache '
+        "is unknown, and not in these figures."
+    )
+    other = without_usage_text({"requests_without_usage": 2, "streams_without_include_usage": 0})
+    assert other == (
+        "2 requests came without a usage: what they cost and read from the cache is unknown, "
+        "and not in these figures."
+    )
