@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from llmp.analysis.html import render_html
-from llmp.analysis.render import without_usage_text
+from llmp.analysis.render import sentence, without_usage_text
+from llmp.apis.providers import facts
 from llmp.cli import main
 from tests.support import scenarios as sc
 from tests.support.adds_up import problems
@@ -122,3 +123,41 @@ def test_the_words_for_requests_without_usage() -> None:
         "2 requests came without a usage: what they cost and read from the cache is unknown, "
         "and not in these figures."
     )
+
+
+def test_overflow_names_the_busiest_minute_and_what_of_it_read_the_cache(tmp_path: Path) -> None:
+    """Ten conversations in a minute with one key for the whole account and the same
+    prompt start: the second turns above OpenAI's 15 a minute read nothing (what OpenAI's
+    overflow does); the finding names the busiest minute and how many of its requests
+    read the cache."""
+    limit = int(facts()["openai"]["overflow_per_minute"])
+    tr = sc.Traffic()
+    t0 = tr.t
+    prompt = 2010
+    for i in range(10):
+        exchange(tr, body(f"conversation {i}", key="account"), usage(prompt, 1920 if i else 0))
+    for i in range(10):
+        second = body(f"conversation {i}", key="account")
+        second["messages"] += [
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "and then?"},
+        ]
+        n = 11 + i  # the request's place in the minute
+        exchange(tr, second, usage(prompt + 20, 0 if n > limit else 1920))
+    assert tr.t - t0 < 60_000
+    rep = sc.analyse(tr, tmp_path)
+    (f,) = [f for f in rep["findings"] if f["kind"] == "provider_evicted"]
+    over = [r["id"] for r in rep["rows"] if r["lost_external"] is not None]
+    assert over == list(range(limit + 1, 21)) and f["rows"] == over
+    ev = f["evidence"]
+    assert ev["overflow"] == len(over) and ev["overflow_per_minute"] == limit
+    assert ev["per_minute"] == 20 and ev["read_per_minute"] == limit - 1
+    assert "give each conversation its own prompt_cache_key" in ev["advice"]["text"]
+    assert "Up to 20 requests a minute" in ev["advice"]["text"]
+    story, _ = sentence(f)
+    assert (
+        f"{len(over)} turns of them came when 20 requests in a minute shared one prompt start "
+        f"and key, and {limit - 1} of those read the cache: OpenAI serves about {limit} a "
+        "minute from the machine that holds a prefix" in story
+    )
+    assert problems(rep) == []
