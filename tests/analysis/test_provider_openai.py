@@ -161,3 +161,37 @@ def test_overflow_names_the_busiest_minute_and_what_of_it_read_the_cache(tmp_pat
         "minute from the machine that holds a prefix" in story
     )
     assert problems(rep) == []
+
+
+@pytest.mark.parametrize("upstream", ["api.openai.com", None])
+def test_a_text_format_changed_within_a_conversation(tmp_path: Path, upstream: str | None) -> None:
+    """On a provider the text format is one of the conversation's cache settings (R35): a
+    turn that continues the conversation whole, with its system prompt, tools and model,
+    and asks for JSON is the conversation's next turn, its miss `settings_changed`.  On
+    a local server the rule is not this one: the request is not linked to the turn before
+    (a structured side-call, here the first turn of another conversation, since the next
+    request continues it)."""
+    tr = sc.Traffic()
+    history: list[dict[str, Any]] = []
+    prompt = 2010
+    for n, fmt in enumerate((None, None, {"type": "json_object"}, {"type": "json_object"})):
+        b = body(f"question {n}")
+        b["messages"] = [b["messages"][0], *history, b["messages"][1]]
+        if fmt is not None:
+            b["response_format"] = fmt
+        read = 0 if n in (0, 2) else prompt // 128 * 128
+        exchange(tr, b, usage(prompt, read), upstream=upstream)
+        history = [*b["messages"][1:], {"role": "assistant", "content": "ok"}]
+        prompt += 30
+    rep = sc.analyse(tr, tmp_path)
+    rows = sc.rows_by_id(rep)
+    if upstream is None:
+        assert rows[3]["linked_to"] is None and rows[3]["conversation"] != 1
+        return
+    assert [r["kind"] for r in rep["rows"]] == ["turn"] * 4
+    assert {r["conversation"] for r in rep["rows"]} == {1}
+    assert rows[3]["linked_to"] == 2 and rows[4]["linked_to"] == 3
+    loss = rows[3]["lost_client"]
+    assert loss["cause"] == "settings_changed" and loss["tokens"] == 2040
+    assert rows[4]["lost_client"] is None
+    assert problems(rep) == []
