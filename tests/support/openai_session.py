@@ -20,7 +20,7 @@ from typing import Any
 import openai
 
 from llmp.demo.fakes import CacheDecision
-from tests.support.provider_session import text
+from tests.support.provider_session import text, tool_defs
 from tests.support.upstreams import Upstream
 
 RESPONSES = "responses"
@@ -170,14 +170,7 @@ class GptSession:
         self.model = model
         self.key = key
         self.instructions = text(instructions_tokens, f"instructions {seed}")
-        self.tools = [
-            {
-                "name": f"tool_{i}",
-                "description": text(60, f"tool {i} {seed}"),
-                "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
-            }
-            for i in range(tools)
-        ]
+        self.tools = tool_defs(tools, seed, "parameters")
         self.history: list[dict[str, Any]] = []
         self.stream = stream
         self.include_usage = include_usage

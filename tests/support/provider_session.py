@@ -111,6 +111,19 @@ def text(n: int, tag: str) -> str:
     return (f"{tag}: " + "the quick brown fox jumps over the lazy dog. " * (n // 11 + 1))[: 4 * n]
 
 
+def tool_defs(n: int, seed: str, schema: str) -> list[dict[str, Any]]:
+    """`n` tools of about 60 tokens each, told apart by `seed`; `schema` names the
+    parameters' key (Anthropic's `input_schema`, OpenAI's `parameters`)."""
+    return [
+        {
+            "name": f"tool_{i}",
+            "description": text(60, f"tool {i} {seed}"),
+            schema: {"type": "object", "properties": {"x": {"type": "string"}}},
+        }
+        for i in range(n)
+    ]
+
+
 class ClaudeSession:
     """A conversation shaped as Claude Code sends it: a billing line, two system blocks with
     breakpoints, tools, and one breakpoint on the last block that moves every turn."""
@@ -131,14 +144,7 @@ class ClaudeSession:
         self.billing = "x-anthropic-billing-header: cc_version=2.1.332.7c2; cc_entrypoint=cli;"
         self.ident = "You are Claude Code, Anthropic's official CLI for Claude."
         self.instructions = text(system_tokens, f"instructions {seed}")
-        self.tools = [
-            {
-                "name": f"tool_{i}",
-                "description": text(60, f"tool {i} {seed}"),
-                "input_schema": {"type": "object", "properties": {"x": {"type": "string"}}},
-            }
-            for i in range(tools)
-        ]
+        self.tools = tool_defs(tools, seed, "input_schema")
         self.messages: list[dict[str, Any]] = []
         self.extra: dict[str, Any] = {}
 
@@ -208,4 +214,5 @@ __all__ = [
     "recorder",
     "report",
     "text",
+    "tool_defs",
 ]
