@@ -10,7 +10,6 @@ truth, every cost against Anthropic's documented arithmetic.
 from __future__ import annotations
 
 import time
-
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any

@@ -24,7 +24,8 @@ from tests.support.mitm import Mitmdump, wait_for_records
 from tests.support.upstreams import Upstream
 
 REDIRECT = Path(__file__).resolve().parent / "redirect_addon.py"
-HOSTS = ("api.anthropic.com", "api.openai.com")
+SKEWED_CLOCK = Path(__file__).resolve().parent / "skewed_clock.py"
+HOSTS = ("api.anthropic.com", "api.openai.com", "openrouter.ai")
 CC: Any = {"type": "ephemeral"}
 CC_1H: Any = {"type": "ephemeral", "ttl": "1h"}
 CLAUDE_UA = "claude-cli/2.1.332 (external, cli)"
@@ -37,15 +38,24 @@ WRITE_5M, WRITE_1H, READ = 1.25, 2.0, 0.1
 
 @contextlib.contextmanager
 def recorder(
-    fake: Upstream, rec: Path, *, diagnose: bool = False, body: str = "digest"
+    fake: Upstream,
+    rec: Path,
+    *,
+    diagnose: bool = False,
+    body: str = "digest",
+    skew: Path | None = None,
 ) -> Iterator[Mitmdump]:
-    """mitmdump as a forward proxy with the recorder; the providers' hosts go to `fake`."""
+    """mitmdump as a forward proxy with the recorder; the providers' hosts go to `fake`.
+    With `skew`, the proxy's clock runs ahead by the seconds that file holds
+    (tests/support/skewed_clock.py)."""
     where = f"127.0.0.1:{fake.port}"
     env = {**os.environ, "LLMP_TEST_REDIRECT": ",".join(f"{h}={where}" for h in HOSTS)}
+    args = ["-s", str(REDIRECT)]
+    if skew is not None:
+        env["LLMP_TEST_SKEW"] = str(skew)
+        args += ["-s", str(SKEWED_CLOCK)]
     options = {"llmp_diagnose": str(diagnose).lower(), "llmp_body": body, "llmp_live": "false"}
-    with Mitmdump(
-        None, rec, options, mode="regular", extra_args=["-s", str(REDIRECT)], env=env
-    ) as md:
+    with Mitmdump(None, rec, options, mode="regular", extra_args=args, env=env) as md:
         yield md
 
 
@@ -65,11 +75,24 @@ def claude_client(md: Mitmdump, ua: str = CLAUDE_UA) -> anthropic.Anthropic:
     )
 
 
-def openai_client(md: Mitmdump, ua: str | None = None) -> openai.OpenAI:
-    http = openai.DefaultHttpxClient(**_http(md))
+def openai_client(
+    md: Mitmdump,
+    ua: str | None = None,
+    *,
+    sent: list[bytes] | None = None,
+    base_url: str | None = None,
+) -> openai.OpenAI:
+    """The real SDK, to its default host (or `base_url`) through the proxy; `sent` gets
+    each request body as the SDK's HTTP client sent it."""
+    hooks = {"request": [lambda r: sent.append(r.read())]} if sent is not None else {}
+    http = openai.DefaultHttpxClient(**_http(md), event_hooks=hooks)
     headers = {"user-agent": ua} if ua else None
     return openai.OpenAI(
-        api_key="sk-test-secret", http_client=http, default_headers=headers, max_retries=0
+        api_key="sk-test-secret",
+        http_client=http,
+        default_headers=headers,
+        max_retries=0,
+        base_url=base_url,
     )
 
 
@@ -86,6 +109,19 @@ def report(rec: Path, n: int, cfg: Config | None = None) -> dict[str, Any]:
 def text(n: int, tag: str) -> str:
     """About `n` tokens of text (4 characters a token), told apart by `tag`."""
     return (f"{tag}: " + "the quick brown fox jumps over the lazy dog. " * (n // 11 + 1))[: 4 * n]
+
+
+def tool_defs(n: int, seed: str, schema: str) -> list[dict[str, Any]]:
+    """`n` tools of about 60 tokens each, told apart by `seed`; `schema` names the
+    parameters' key (Anthropic's `input_schema`, OpenAI's `parameters`)."""
+    return [
+        {
+            "name": f"tool_{i}",
+            "description": text(60, f"tool {i} {seed}"),
+            schema: {"type": "object", "properties": {"x": {"type": "string"}}},
+        }
+        for i in range(n)
+    ]
 
 
 class ClaudeSession:
@@ -108,14 +144,7 @@ class ClaudeSession:
         self.billing = "x-anthropic-billing-header: cc_version=2.1.332.7c2; cc_entrypoint=cli;"
         self.ident = "You are Claude Code, Anthropic's official CLI for Claude."
         self.instructions = text(system_tokens, f"instructions {seed}")
-        self.tools = [
-            {
-                "name": f"tool_{i}",
-                "description": text(60, f"tool {i} {seed}"),
-                "input_schema": {"type": "object", "properties": {"x": {"type": "string"}}},
-            }
-            for i in range(tools)
-        ]
+        self.tools = tool_defs(tools, seed, "input_schema")
         self.messages: list[dict[str, Any]] = []
         self.extra: dict[str, Any] = {}
 
@@ -185,4 +214,5 @@ __all__ = [
     "recorder",
     "report",
     "text",
+    "tool_defs",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmp.apis import providers
 from llmp.apis.servers import SGLANG, VLLM, VLLM_CPU, VLLM_OR_SGLANG
 
 CLIENT = "client"
@@ -166,6 +167,8 @@ def _template() -> tuple[tuple[str, str], ...]:
     )
 
 
+_OPENAI_OVERFLOW = providers.facts()[providers.OPENAI]["overflow_per_minute"]
+
 CAUSES: tuple[Cause, ...] = (
     Cause(
         SYSTEM_CHANGED,
@@ -247,8 +250,10 @@ CAUSES: tuple[Cause, ...] = (
         "the provider dropped the cache entry",
         "The prefix was the same, within its time-to-live and the lookback, and still not "
         "read: the provider evicted it or routed the request elsewhere. Nothing on the "
-        "client's side changes that, but on OpenAI: more than about 15 requests a minute on "
-        "one prefix and prompt_cache_key overflow to other machines.",
+        "client's side changes that, but on OpenAI more than about "
+        f"{_OPENAI_OVERFLOW} requests a minute on one prefix and prompt_cache_key overflow "
+        "to other machines: keep one prompt_cache_key per conversation, not one for a whole "
+        "account.",
         "#117733",
         light_text=True,
     ),

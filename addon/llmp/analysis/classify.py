@@ -97,6 +97,23 @@ def _works_on_the_history(ex: Exchange, link: Link | None, ref: Conversation) ->
     return not before <= names
 
 
+def keeps_the_conversation(ex: Exchange, link: Link | None, ref: Conversation) -> bool:
+    """On a cloud provider the text format is one of the conversation's cache settings
+    (R35: `text.format`, Chat's `response_format`): a structured request that continues
+    the conversation's last turn whole, with its system prompt, tools and model, is the
+    conversation's next turn with a setting changed, not a side-call.  A side-call that
+    asks for JSON about the history (Gemini CLI's next-speaker check) sends it without
+    the tools, or to another model."""
+    if ex.provider is None or link is None or link.conv is not ref or link.mode != CONTINUATION:
+        return False
+    last = ref.last
+    return (
+        ex.hashes[: ex.n_sys] == last.sys
+        and ex.tools.hash == last.tools_hash
+        and ex.requested_model == last.requested_model
+    )
+
+
 def classify(
     ex: Exchange,
     link: Link | None,
@@ -115,6 +132,8 @@ def classify(
     if marker is None:
         return TURN, None
     if marker == STRUCTURED:
+        if keeps_the_conversation(ex, link, ref):
+            return TURN, None
         return SIDE_CALL, STRUCTURED
     # A title call resends the first user message; a history is more than that.
     carries_history = link is not None and (

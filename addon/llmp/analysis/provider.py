@@ -113,6 +113,9 @@ class ProviderTurn:
     """It placed breakpoints (Anthropic's `cache_control`, OpenAI's explicit ones)."""
     route: str | None = None
     """What OpenAI routes by besides the key, as far as a digest tells: the first message."""
+    usage_unasked: bool = False
+    """No usage came because the request did not ask for one: a stream of an API that
+    reports it only when asked (Chat Completions' `stream_options.include_usage`)."""
 
 
 def family_of(provider: str, model: str | None) -> str:
@@ -180,6 +183,10 @@ def turn_of(ex: Exchange, provider: str, usage: CacheUsage | None, at_ms: int) -
         minimum=minimum,
         explicit=explicit,
         route=ex.hashes[0] if ex.hashes else None,
+        usage_unasked=usage is None
+        and ex.streamed
+        and ex.api.stream_usage_asked
+        and not (cache is not None and cache.include_usage is True),
     )
 
 

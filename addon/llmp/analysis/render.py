@@ -345,7 +345,32 @@ def money_lines(cost: Any) -> list[str]:
             f"No price is known for {join_names(unpriced)}: their requests are not in these "
             "figures (--prices FILE gives one)."
         )
+    note = without_usage_text(cost)
+    if note:
+        lines.append(note)
     return lines
+
+
+def without_usage_text(cost: dict[str, Any]) -> str:
+    """The requests whose response reported no usage, said plainly: what they cost and
+    read from the cache is unknown (a Chat Completions stream has a usage only when the
+    request asks, `stream_options.include_usage`).  Empty when every one had a usage."""
+    n = cost.get("requests_without_usage") or 0
+    unasked = cost.get("streams_without_include_usage") or 0
+    if not isinstance(n, int) or n <= 0:
+        return ""
+    unknown = (
+        f"what {'it' if n == 1 else 'they'} cost and read from the cache is unknown, and "
+        "not in these figures"
+    )
+    ask = 'stream_options: {"include_usage": true}'
+    if unasked == n:
+        return (
+            f"{n_of(n, 'Chat Completions stream')} came without a usage: the "
+            f"{'requests' if n > 1 else 'request'} did not ask for one ({ask}), so {unknown}."
+        )
+    why = f" ({unasked:,} of them Chat Completions streams that did not ask: {ask})"
+    return f"{n_of(n, 'request')} came without a usage{why if unasked else ''}: {unknown}."
 
 
 def agreement_lines(agreement: Any) -> list[str]:

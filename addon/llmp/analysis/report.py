@@ -314,9 +314,17 @@ class CostTotals:
         self.total = 0.0
         self.by_model: dict[str, float] = {}
         self.unpriced: set[str] = set()
+        self.without_usage = 0
+        """Rows whose response reported no usage: their cost and cache use are unknown."""
+        self.unasked = 0
+        """Of those, streams that did not ask for one (`stream_options.include_usage`)."""
 
     def add(self, row: Row) -> None:
         self.rows += 1
+        prov = row.prov
+        if prov is not None and prov.usage is None:
+            self.without_usage += 1
+            self.unasked += prov.usage_unasked
         if row.cost_usd is None:
             if row.cache_read_tokens is not None:  # measured, yet no price
                 self.unpriced.add(row.served)
@@ -337,6 +345,10 @@ class CostTotals:
             "by_model": {m: usd(v) for m, v in sorted(self.by_model.items())},
             "unpriced_models": sorted(self.unpriced),
             "prices": prices,
+            # Additive: requests whose response carried no usage (not in these figures),
+            # and of them the streams that did not ask for one.
+            "requests_without_usage": self.without_usage,
+            "streams_without_include_usage": self.unasked,
         }
 
 

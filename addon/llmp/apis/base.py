@@ -196,6 +196,9 @@ class ChatApi:
     """The body's array of messages, each digested alone (`item_digest`)."""
     stream_default: ClassVar[bool] = False
     """`params.stream` when the request does not say."""
+    stream_usage_asked: ClassVar[bool] = False
+    """Its streams carry a usage only when the request asks for one (Chat Completions'
+    `stream_options.include_usage`)."""
     _cache: DigestCache | None = None
 
     def matches(self, method: str, path: str) -> bool:

@@ -30,6 +30,7 @@ class OllamaChat(OpenAIChat):
     name = "ollama_chat"
     stream = "ndjson"
     stream_default = True
+    stream_usage_asked = False  # its last line always carries the counts
 
     def matches(self, method: str, path: str) -> bool:
         return path == "/api/chat"

@@ -163,6 +163,7 @@ class OpenAIChat(ChatApi):
 
     name = "openai_chat"
     stream: ClassVar[StreamKind] = "sse"
+    stream_usage_asked = True
 
     def matches(self, method: str, path: str) -> bool:
         return path in ("/v1/chat/completions", "/chat/completions") or path.endswith(

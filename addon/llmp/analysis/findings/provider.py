@@ -68,6 +68,10 @@ class _Gaps:
     lookback: list[int] = field(default_factory=list)
     overflow: int = 0
     """Rows where more than `overflow_per_minute` requests shared the prefix and key."""
+    per_minute: int = 0
+    """The most requests seen in a minute on one prompt start and key, at such a row."""
+    read_per_minute: int = 0
+    """How many of those requests read the cache."""
 
 
 class ProviderLoss(FindingKind):
@@ -111,6 +115,8 @@ class ProviderLoss(FindingKind):
             m.families |= each.families
             m.lookback += each.lookback
             m.overflow += each.overflow
+            if each.per_minute > m.per_minute:
+                m.per_minute, m.read_per_minute = each.per_minute, each.read_per_minute
         out = []
         for (name, served), g in merged_by_label(self.groups, label).items():
             f = loss_finding(self.cfg, self.name, served, name, g, HIGH)
@@ -239,7 +245,8 @@ class ProviderEvicted(ProviderLoss):
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
-        self.recent: dict[tuple[str, str | None, str | None], deque[int]] = {}
+        self.recent: dict[tuple[str, str | None, str | None], deque[tuple[int, bool]]] = {}
+        """By (model, key, prompt start): each request's time and whether it read the cache."""
 
     def row(self, row: Row, ex: Exchange | None) -> bool:
         prov = row.prov
@@ -250,7 +257,8 @@ class ProviderEvicted(ProviderLoss):
                 if len(self.recent) > 4096:
                     self.recent.clear()
                 times_ = self.recent[key] = deque(maxlen=256)
-            times_.append(row.t_start_ms)
+            read = prov.usage is not None and prov.usage.read > 0
+            times_.append((row.t_start_ms, read))
         return False
 
     def collect(self, row: Row, g: _Gaps) -> None:
@@ -260,25 +268,34 @@ class ProviderEvicted(ProviderLoss):
         times_ = self.recent.get((row.served, prov.key, prov.route))
         if times_ is None:
             return
-        limit = int(providers.facts()["openai"]["overflow_per_minute"])
-        minute = sum(1 for t in times_ if row.t_start_ms - 60_000 < t <= row.t_start_ms)
-        if minute > limit:
+        now = row.t_start_ms
+        minute = [read for t, read in times_ if now - 60_000 < t <= now]
+        if len(minute) > _overflow_limit():
             g.overflow += 1
+            if len(minute) > g.per_minute:
+                g.per_minute, g.read_per_minute = len(minute), sum(minute)
 
     def evidence(self, g: _Gaps) -> dict[str, Any]:
         ev = super().evidence(g)
         ev["overflow"] = g.overflow
+        if g.overflow:
+            # The busiest minute seen, and how many of its requests read the cache: the
+            # hit rate OpenAI's overflow capped.
+            ev["per_minute"] = g.per_minute
+            ev["read_per_minute"] = g.read_per_minute
+            ev["overflow_per_minute"] = _overflow_limit()
         return ev
 
     def advice(self, g: _Gaps, label: str) -> dict[str, Any] | None:
         if not g.overflow:
             return None
-        limit = providers.facts()["openai"]["overflow_per_minute"]
+        limit = _overflow_limit()
         text = (
-            f"More than {limit} requests a minute shared one prompt start and "
-            "prompt_cache_key, and OpenAI sends the excess to other machines, which miss: "
-            "give each conversation its own prompt_cache_key (not one for a whole account), "
-            "so that no key carries that many requests."
+            f"Up to {g.per_minute} requests a minute shared one prompt start and "
+            f"prompt_cache_key; OpenAI serves about {limit} a minute from the machine that "
+            "holds the prefix and sends the rest to others, which miss: give each "
+            "conversation its own prompt_cache_key (a stable one per conversation, not one "
+            "for a whole account), so that no key carries that many requests."
         )
         because = f"{n_of(g.overflow, 'turn')} came above {limit} requests a minute"
         return {"harness": harness_of(label), "text": text, "confidence": HIGH, "because": because}
@@ -287,17 +304,25 @@ class ProviderEvicted(ProviderLoss):
     def story(cls, f: dict[str, Any], ev: dict[str, Any]) -> str:
         n = len(f.get("rows", []))
         over = int(ev.get("overflow") or 0)
-        note = (
-            f"; {n_of(over, 'turn')} of them came with more than "
-            f"{providers.facts()['openai']['overflow_per_minute']} requests a minute on one "
-            "prompt start and key (OpenAI's overflow)"
-            if over
-            else ""
-        )
+        peak, read = ev.get("per_minute"), ev.get("read_per_minute")
+        limit = ev.get("overflow_per_minute")
+        note = ""
+        if over and isinstance(peak, int) and isinstance(read, int) and isinstance(limit, int):
+            note = (
+                f"; {n_of(over, 'turn')} of them came when {peak} requests in a minute shared "
+                f"one prompt start and key, and {read} of those read the cache: OpenAI serves "
+                f"about {limit} a minute from the machine that holds a prefix and sends the "
+                "rest to others (its overflow)"
+            )
         return (
             f"{short_model(f.get('model'))} did not read {f.get('client')}'s cached prefix "
             f"{times(n)} although it was the same and still alive{note}: {lost_text(f)}."
         )
+
+
+def _overflow_limit() -> int:
+    """OpenAI's requests a minute on one prompt start and key before some overflow."""
+    return int(providers.facts()["openai"]["overflow_per_minute"])
 
 
 # -- money the client could keep -----------------------------------------------------------

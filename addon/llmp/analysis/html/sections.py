@@ -123,6 +123,12 @@ def _money_cards(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     unread = cost.get("unread_write_usd")
     if unread:
         cards.append(("Unread writes", money(unread), "cache writes no request read", ""))
+    without = _int(cost.get("requests_without_usage")) or 0
+    if without:
+        sub = "requests whose cost and cache use are unknown: no usage came"
+        if cost.get("streams_without_include_usage"):
+            sub += " (Chat streams without stream_options.include_usage)"
+        cards.append(("Without usage", f"{without:,}", sub, "bad"))
     agreement = _obj_or_none(report, "provider_agreement")
     if agreement is not None and agreement.get("compared"):
         cards.append(
