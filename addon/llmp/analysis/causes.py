@@ -168,6 +168,7 @@ def _template() -> tuple[tuple[str, str], ...]:
 
 
 _OPENAI_OVERFLOW = providers.facts()[providers.OPENAI]["overflow_per_minute"]
+_LOOKBACK = providers.facts()[providers.ANTHROPIC]["lookback_blocks"]
 
 CAUSES: tuple[Cause, ...] = (
     Cause(
@@ -231,8 +232,8 @@ CAUSES: tuple[Cause, ...] = (
         PROVIDER,
         "the last cache entry was beyond the breakpoint's lookback",
         "Put a cache_control breakpoint on the last block of every request (or a breakpoint "
-        "within 20 blocks of the previous one): the API looks back at most 20 blocks from "
-        "each breakpoint for an entry to read.",
+        f"within {_LOOKBACK} blocks of the previous one): the API looks back at most "
+        f"{_LOOKBACK} blocks from each breakpoint for an entry to read.",
         "#88CCEE",
     ),
     Cause(

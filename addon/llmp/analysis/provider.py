@@ -11,8 +11,8 @@ holds:
    OpenAI's `prompt_cache_key`, the tools, the system prompt, the cache settings
    (`settings_changed`), the history;
 2. `breakpoint_too_far` (Anthropic): the prefix is the same, but the block where the
-   linked turn wrote its last entry lies 20 or more blocks before every breakpoint of
-   this request, beyond the API's lookback;
+   linked turn wrote its last entry lies out of every breakpoint's reach (the API looks
+   back a fixed number of blocks, `lookback_blocks`);
 3. `cache_expired`: more time passed since that entry was written or last read than it
    lives (Anthropic: 5 minutes, or an hour; OpenAI: the retention the response reports);
 4. `provider_evicted`: the provider dropped it, or routed the request elsewhere.
