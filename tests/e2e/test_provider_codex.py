@@ -19,8 +19,8 @@ import pytest
 
 from llmp.analysis import analyze
 from llmp.analysis.causes import PROVIDER_EVICTED
+from llmp.apis.providers import openai_cache
 from llmp.demo.fakes.openai_api import OpenAIAPI
-from llmp.demo.fakes.provider_cache import CacheDecision
 from llmp.format.canonical import tagged_text
 from llmp.recorder import harness
 from tests.e2e.test_run_providers import (
@@ -30,10 +30,11 @@ from tests.e2e.test_run_providers import (
     forward_mitmdump,
     no_secrets,
     project,
-    response_ids,
     run,
 )
 from tests.support.adds_up import problems
+from tests.support.mitm import read_records
+from tests.support.provider_truth import charged, decisions, diagnosed_against_linked, posts
 from tests.support.upstreams import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -77,18 +78,17 @@ def test_codex_on_openai_keeps_one_cache_key_and_has_no_false_loss(
             runs.append(run(harness.command_for(plan, [*exec_, *tail], md.url), child, work))
     for done in runs:
         assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-3000:]}"
-    posts = [e for e in fake.log if e.method == "POST" and e.path == "/v1/responses"]
+    sent = posts(fake)
     records = chat_records(rec, "/v1/responses")
-    assert len(posts) == len(records) >= 3
-    # Each run is one request (the fake's reply calls no tool); the last came after the
-    # eviction.
-    evicted = [e.cache.lost for e in posts if isinstance(e.cache, CacheDecision)]
+    assert len(sent) == len(records) == len(read_records(rec)) >= 3
+    # Only the last request found an entry gone: it came after the eviction.
+    evicted = [d.lost for d in decisions(fake).values()]
     assert evicted[-1] == "evicted" and "evicted" not in evicted[:-1]
     assert {r["request"]["upstream"] for r in records} == {"api.openai.com"}
-    assert all(e.request_header("authorization") == f"Bearer {OPENAI_KEY}" for e in posts)
+    assert all(e.request_header("authorization") == f"Bearer {OPENAI_KEY}" for e in sent)
     # One prompt_cache_key for the whole session, the resumed run's too; the digest keeps
     # it hashed (R35), the same on every request.
-    keys = {e.request_json.get("prompt_cache_key") for e in posts}
+    keys = {e.request_json.get("prompt_cache_key") for e in sent}
     assert len(keys) == 1 and None not in keys
     (key,) = keys
     assert {r["request"]["digest"]["cache"]["key"] for r in records} == {tagged_text(key)}
@@ -98,39 +98,17 @@ def test_codex_on_openai_keeps_one_cache_key_and_has_no_false_loss(
         rep = result.report()
     finally:
         result.close()
-    truth = [e.cache for e in posts]
-    assert all(isinstance(d, CacheDecision) for d in truth)
-    decided = dict(zip([r["id"] for r in records], truth, strict=True))
-    rows = [r for r in rep["rows"] if r["id"] in decided]
-    assert len(rows) == len(records)
-    assert {r["server"] for r in rep["rows"]} == {"openai"}
+    rows = rep["rows"]
+    assert [r["server"] for r in rows] == ["openai"] * len(records)
     turns = [r for r in rows if r["kind"] == "turn"]
     assert len(turns) >= 3 and len({r["conversation"] for r in turns}) == 1
     assert all(r["linked_to"] is not None for r in turns[1:])  # the resumed runs continued
-    for row in rows:
-        d = decided[row["id"]]
-        assert isinstance(d, CacheDecision)
-        assert row["cache_read_tokens"] == d.read
-        assert row["cache_write_tokens"] == d.written
-        linked = row["linked_to"]
-        loss = row["lost_client"] or row["lost_external"]
-        if row["kind"] != "turn" or linked is None:
-            assert loss is None, (row["id"], loss)
-            continue
-        before = decided[linked]
-        assert isinstance(before, CacheDecision)
-        miss = before.reusable - d.read
-        assert (loss["tokens"] if loss else 0) == max(0, miss), (row["id"], loss, miss)
     # Codex kept its prefix: only the turn after the eviction lost, and to the provider.
-    lost = [r for r in turns if r["lost_client"] or r["lost_external"]]
+    lost = charged(rows, fake, openai_cache(MODEL).granule_tokens)
     assert [r["id"] for r in lost] == [turns[-1]["id"]]
     assert lost[0]["lost_external"]["cause"] == PROVIDER_EVICTED
     # The provider's own diagnosis: each later turn compared with the turn before it.
-    ids = response_ids(fake)
-    asked = [(e.request_json.get("prompt_cache_options") or {}) for e in posts]
-    for row, opts in zip(rows, asked, strict=True):
-        if row["linked_to"] is not None:
-            assert opts.get("comparison_response_id") == ids[row["linked_to"] - 1]
+    diagnosed_against_linked(rows, fake)
     # It says the last turn's prompt was the same (`cache_hit`): the entry was gone.
     assert turns[-1]["provider_reason"] == "none"
     assert rep["provider_agreement"] == {"compared": 1, "agreed": 1, "disagreed": []}

@@ -38,10 +38,9 @@ import pytest
 from llmp.analysis.causes import PROVIDER_EVICTED
 from llmp.apis.providers import openai_cache, openai_explicit
 from llmp.demo.fakes.openai_api import OpenAIAPI
-from llmp.demo.fakes.provider_cache import CacheDecision
-from tests.e2e.test_run_providers import response_ids
 from tests.support.adds_up import problems
 from tests.support.provider_session import recorder, report
+from tests.support.provider_truth import charged, decisions, diagnosed_against_linked
 from tests.support.replay import load_capture
 from tests.support.upstreams import Upstream
 
@@ -94,10 +93,6 @@ def test_replayed_codex_has_no_false_loss(
                 assert r.status_code == 200, r.text
                 assert b"response.completed" in r.content
         rep = report(rec, len(sent))
-    truth = [e.cache for e in fake.log if e.path.split("?")[0] == "/v1/responses"]
-    assert len(truth) == len(sent)
-    decided = {i + 1: d for i, d in enumerate(truth) if isinstance(d, CacheDecision)}
-    assert len(decided) == len(sent)
     rows = rep["rows"]
     assert [r["server"] for r in rows] == ["openai"] * len(sent)
     # What Codex said each request was (R33): its compaction request is a side-call.
@@ -106,30 +101,16 @@ def test_replayed_codex_has_no_false_loss(
         "side_call" if k["request_kind"] == "compaction" else "turn" for k in kinds
     ]
     assert {r["model"] for r in rows} == {model}
-    granule = openai_cache(model).granule_tokens
-    charged = 0
-    for row in rows:
-        d = decided[row["id"]]
-        assert row["cache_read_tokens"] == d.read
-        assert row["cache_write_tokens"] == d.written
-        assert row["uncached_tokens"] == d.uncached
-        loss = row["lost_client"] or row["lost_external"]
-        linked = row["linked_to"]
-        if row["kind"] != "turn" or linked is None:
-            # A side-call (Codex's compaction request) is never charged on a provider, and
-            # a conversation's first turn is compared with nothing.
-            assert loss is None, (row["id"], loss)
-            continue
-        miss = decided[linked].reusable - d.read
-        if miss >= granule:
-            assert loss is not None and loss["tokens"] == miss, (row["id"], loss, miss)
-            # Codex changed nothing the cache keys on: the provider dropped it.
-            assert row["lost_external"] is not None and loss["cause"] == PROVIDER_EVICTED
-            assert d.lost == "evicted" and d.lost_tokens == decided[linked].reusable
-            charged += 1
-        else:
-            assert loss is None, (row["id"], loss, miss)
-    assert charged == (1 if evicted else 0)
+    # A side-call (Codex's compaction request) is never charged on a provider; the only
+    # miss is the eviction's, and Codex changed nothing the cache keys on: the provider's.
+    lost = charged(rows, fake, openai_cache(model).granule_tokens)
+    assert len(lost) == (1 if evicted else 0)
+    decided = decisions(fake)
+    for row in lost:
+        assert row["lost_external"] is not None
+        assert row["lost_external"]["cause"] == PROVIDER_EVICTED
+        d, before = decided[row["id"]], decided[row["linked_to"]]
+        assert d.lost == "evicted" and d.lost_tokens == before.reusable
     # The session's key is Codex's conversation id, one for the whole session.
     assert len({d.key for d in decided.values()}) == 1
     assert rep["cost"] is not None and rep["cost"]["total_usd"] > 0
@@ -138,15 +119,12 @@ def test_replayed_codex_has_no_false_loss(
         # Each turn was compared with the turn llmp links it to (codex-3's last turn with
         # the first, not with the compaction request between them), and the provider's
         # word agrees with llmp's wherever either saw a miss.
-        ids = response_ids(fake)
-        posts = [e for e in fake.log if e.path == "/v1/responses"]
+        diagnosed_against_linked(rows, fake)
         for row in rows:
-            asked = posts[row["id"] - 1].request_json.get("prompt_cache_options") or {}
             if row["kind"] == "turn" and row["linked_to"] is not None:
-                assert asked["comparison_response_id"] == ids[row["linked_to"] - 1]
                 assert row["provider_reason"] == "none"  # Codex's prefix was the same
         agreement = rep["provider_agreement"]
         assert agreement is not None and agreement["disagreed"] == []
-        assert agreement["compared"] == charged
+        assert agreement["compared"] == len(lost)
     assert problems(rep) == []
     assert SECRET.encode() not in rec.read_bytes()

@@ -36,6 +36,7 @@ from llmp.apis.providers import facts
 from llmp.recorder import harness
 from tests.support.harnesses import base_env, harness_bin
 from tests.support.mitm import Mitmdump, read_records
+from tests.support.provider_truth import response_ids
 from tests.support.upstreams import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -226,16 +227,6 @@ def test_codex_configured_provider_under_llmp_run(fake: Upstream, tmp_path: Path
     assert all(e.request_header("authorization") == f"Bearer {OPENAI_KEY}" for e in posts)
     assert done.returncode == 0, done.stderr[-3000:]
     no_secrets(rec, OPENAI_KEY)
-
-
-def response_ids(fake: Upstream) -> list[str]:
-    """The ids of the responses the fake sent on /v1/responses, in order."""
-    out = []
-    for e in fake.log:
-        if e.method == "POST" and e.path == "/v1/responses":
-            created = [json.loads(d) for d in e.sse_data() if '"response.created"' in d]
-            out.append(created[0]["response"]["id"])
-    return out
 
 
 def test_codex_forward_to_openai_over_http_and_diagnosed(fake: Upstream, tmp_path: Path) -> None:
