@@ -19,11 +19,13 @@ Each checks what was recorded against what the fake received: the provider's hos
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from llmp.apis.providers import facts
 from llmp.recorder import harness
 from tests.support.harnesses import base_env, harness_bin
 from tests.support.mitm import Mitmdump, read_records
+from tests.support.provider_truth import response_ids
 from tests.support.upstreams import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -44,6 +47,7 @@ CLAUDE_PACKAGE = "@anthropic-ai/claude-code@2.1.332"
 CODEX_PACKAGE = "@openai/codex@0.171.0"
 ANTHROPIC_KEY = "sk-ant-api03-e2e-secret-Zq7"
 OPENAI_KEY = "sk-proj-e2e-secret-Xw4"
+CHATGPT_SECRET = "chatgpt-e2e-secret-Jd8"
 TIMEOUT = 300
 
 
@@ -225,16 +229,6 @@ def test_codex_configured_provider_under_llmp_run(fake: Upstream, tmp_path: Path
     no_secrets(rec, OPENAI_KEY)
 
 
-def response_ids(fake: Upstream) -> list[str]:
-    """The ids of the responses the fake sent on /v1/responses, in order."""
-    out = []
-    for e in fake.log:
-        if e.method == "POST" and e.path == "/v1/responses":
-            created = [json.loads(d) for d in e.sse_data() if '"response.created"' in d]
-            out.append(created[0]["response"]["id"])
-    return out
-
-
 def test_codex_forward_to_openai_over_http_and_diagnosed(fake: Upstream, tmp_path: Path) -> None:
     """Codex with an API key: forward to api.openai.com, its WebSocket refused so its turns
     come over HTTP; with `--diagnose`, its resumed turn is compared with the first."""
@@ -330,6 +324,61 @@ def test_llmp_run_codex_default_is_a_forward_proxy_to_openai(tmp_path: Path) -> 
         ("api.openai.com", "upstream_unreachable")
     }
     no_secrets(rec, OPENAI_KEY)
+
+
+def chatgpt_auth(now: float) -> dict[str, Any]:
+    """A ChatGPT login as `codex login` leaves it in `auth.json`: tokens (unsigned JWTs
+    here, which Codex reads without checking), no API key, refreshed just now."""
+
+    def jwt(claims: dict[str, Any]) -> str:
+        def part(d: dict[str, Any]) -> str:
+            return base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=").decode()
+
+        return f"{part({'alg': 'none', 'typ': 'JWT'})}.{part(claims)}.{CHATGPT_SECRET}"
+
+    auth = {"chatgpt_plan_type": "plus", "chatgpt_account_id": "acct-e2e"}
+    claims = {"exp": int(now) + 86400, "iat": int(now), "https://api.openai.com/auth": auth}
+    return {
+        "auth_mode": "chatgpt",
+        "OPENAI_API_KEY": None,
+        "tokens": {
+            "id_token": jwt({**claims, "email": "e2e@example.com"}),
+            "access_token": jwt(claims),
+            "refresh_token": f"rt-{CHATGPT_SECRET}",
+            "account_id": "acct-e2e",
+        },
+        "last_refresh": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+    }
+
+
+def test_llmp_run_codex_chatgpt_login_is_a_forward_proxy_to_chatgpt(tmp_path: Path) -> None:
+    """`llmp run -- codex exec …` with a ChatGPT login (`auth.json` with tokens): a forward
+    proxy to chatgpt.com (unreachable here, so Codex 0.171.0 stops at its workspace check
+    and sends no turn); its tokens pass through, are never written, and `auth.json` is
+    left as it was."""
+    offline("chatgpt.com")
+    env, codex_home = codex_env(tmp_path)
+    auth = codex_home / "auth.json"
+    auth.write_text(json.dumps(chatgpt_auth(time.time())))
+    before = auth.read_bytes()
+    rec = tmp_path / "rec.jsonl"
+    command = ["codex", "exec", "--skip-git-repo-check", "-m", "gpt-5.5", "hi"]
+    done = run([LLMP, "run", "--out", str(rec), "--", *command], env, project(tmp_path))
+    lines = done.stderr.splitlines()
+    assert "-> https://chatgpt.com/backend-api/codex, recording to" in lines[0], done.stderr
+    assert lines[1].startswith(
+        "llmp run: Codex (ChatGPT login) against https://chatgpt.com/backend-api/codex, as a "
+        "forward proxy (HTTPS_PROXY, CODEX_CA_CERTIFICATE)"
+    )
+    records = read_records(rec)
+    assert records, done.stderr[-3000:]
+    assert {(r["request"]["upstream"], r["error"]) for r in records} == {
+        ("chatgpt.com", "upstream_unreachable")
+    }
+    assert all(r["request"]["path"].startswith("/backend-api/") for r in records)
+    assert done.returncode != 0
+    assert auth.read_bytes() == before
+    no_secrets(rec, CHATGPT_SECRET)
 
 
 # -- the WebSocket refusal, alone ------------------------------------------------------

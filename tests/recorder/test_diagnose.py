@@ -220,6 +220,35 @@ def test_openai_own_comparison_older_generation_and_previous_response_id() -> No
     assert json.loads(rw.body)["prompt_cache_options"] == {"comparison_response_id": "resp_prev"}
 
 
+def test_openai_side_call_without_tools_is_not_the_turn_before_the_next() -> None:
+    """Codex's compaction request resends the history under the same (absent) system
+    prompt but without its tools; the turn after it, which resends the first turn's
+    prompt, is compared with that first turn, as the analysis links it."""
+    d = Diagnosis()
+    tools = [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}}]
+    first = [item("developer", "be terse"), item("user", "read calc.py")]
+    compact = [*first, item("assistant", "It adds."), item("user", "summarise")]
+    after = [*first, item("user", "the summary"), item("user", "go on")]
+    d.request(1, OPENAI, "openai_responses", responses_body("gpt-5.6", first, tools=tools), [])
+    d.responded(1, responses_sse("resp_turn"), None)
+    rw = d.request(2, OPENAI, "openai_responses", responses_body("gpt-5.6", compact), [])
+    assert rw is not None and rw.body is not None  # the side-call itself: the only candidate
+    assert json.loads(rw.body)["prompt_cache_options"]["comparison_response_id"] == "resp_turn"
+    d.responded(2, responses_sse("resp_compact"), None)
+    data = responses_body("gpt-5.6", after, tools=tools)
+    rw = d.request(3, OPENAI, "openai_responses", data, [])
+    assert rw is not None and rw.body is not None
+    assert json.loads(rw.body)["prompt_cache_options"]["comparison_response_id"] == "resp_turn"
+    d.responded(3, responses_sse("resp_after"), None)
+    # Where no candidate has its tools, the longest start still counts: the provider can
+    # say `tools_changed`.
+    changed = [{**tools[0], "name": "shell"}]
+    data = responses_body("gpt-5.6", [*after, item("user", "more")], tools=changed)
+    rw = d.request(4, OPENAI, "openai_responses", data, [])
+    assert rw is not None and rw.body is not None
+    assert json.loads(rw.body)["prompt_cache_options"]["comparison_response_id"] == "resp_after"
+
+
 def test_nothing_for_a_local_server_or_a_body_that_is_no_json() -> None:
     d = Diagnosis()
     assert d.request(1, None, "anthropic_messages", messages_body([user("hi")]), []) is None  # type: ignore[arg-type]
@@ -230,13 +259,13 @@ def test_nothing_for_a_local_server_or_a_body_that_is_no_json() -> None:
 # -- chains ----------------------------------------------------------------------------
 
 
-def turn(model: str, system: int, *hashes: str) -> Turn:
+def turn(model: str, head: int, *hashes: str) -> Turn:
     chained: list[int] = []
     h = 0
     for x in hashes:
         h = hash((h, x))
         chained.append(h)
-    return Turn("anthropic_messages", model, system, tuple(chained))
+    return Turn("anthropic_messages", model, head, tuple(chained))
 
 
 def test_chains_prefer_the_same_system_but_still_link_a_changed_one() -> None:

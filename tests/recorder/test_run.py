@@ -82,6 +82,21 @@ def test_child_env_points_every_base_url_at_the_proxy() -> None:
     assert env["MY_SERVER"] == "http://127.0.0.1:8080/"  # the parent's is untouched
 
 
+def test_child_env_keeps_the_path_of_a_base_url_that_named_the_upstream() -> None:
+    """A harness pointed at OpenRouter (`OPENAI_BASE_URL=https://openrouter.ai/api/v1`,
+    `ANTHROPIC_BASE_URL=https://openrouter.ai/api`) under `--upstream https://openrouter.ai`
+    keeps OpenRouter's `/api` path, behind the proxy's address."""
+    env = {
+        "OPENAI_BASE_URL": "https://openrouter.ai/api/v1",
+        "ANTHROPIC_BASE_URL": "https://openrouter.ai/api",
+        "OLLAMA_HOST": "http://127.0.0.1:11434",
+    }
+    out = child_env(env, "https://openrouter.ai", "http://127.0.0.1:5555")
+    assert out["OPENAI_BASE_URL"] == "http://127.0.0.1:5555/api/v1"
+    assert out["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:5555/api"
+    assert out["OLLAMA_HOST"] == "http://127.0.0.1:5555"  # another server: the proxy's
+
+
 def test_small_pieces() -> None:
     assert live_log_for("/a/run.jsonl") == "/a/run.live.log"
     assert live_log_for("/a/run") == "/a/run.live.log"

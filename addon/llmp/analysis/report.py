@@ -359,8 +359,12 @@ def usd(value: float) -> float:
 
 
 class Agreement:
-    """R37: llmp's cause against the provider's own diagnosis, on every row where the
-    provider could compare and either side saw a miss."""
+    """R37: llmp's cause against the provider's own diagnosis, on every row where both
+    compared the request with an earlier one (the provider could, and llmp linked it to
+    a turn) and either side saw a miss.  A row llmp compared with nothing (a side-call, a
+    conversation's first turn) has no cause to set against the provider's: the recorder
+    named some earlier response for it, but that is not a turn llmp charges it against
+    (Codex's compaction request, sent without its tools, is told `tools_changed`)."""
 
     def __init__(self) -> None:
         self.diagnosed = 0
@@ -371,7 +375,7 @@ class Agreement:
     def add(self, row: Row) -> None:
         reason = row.provider_reason
         self.diagnosed += 1
-        if not comparable(reason):
+        if not comparable(reason) or row.linked_to is None:
             return
         assert reason is not None
         loss = row.lost_client or row.lost_external

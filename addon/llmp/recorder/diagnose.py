@@ -72,8 +72,9 @@ class Turn:
 
     api: str
     model: str
-    system: int
-    """The system prompt's identity (`Chains` prefers a turn with the same)."""
+    head: int
+    """The identity of what comes before the messages: the system prompt and the tools
+    (`Chains` prefers a turn with the same)."""
     prefixes: tuple[int, ...]
     """For each n, a hash of the first n + 1 messages' identity hashes, chained."""
 
@@ -99,9 +100,10 @@ class Chains:
     model, that shares the longest start of its messages with it (by llmp's message
     identity, `ChatApi.item_digest`'s hash: moved `cache_control` and a Responses item's
     `id` do not count, R22, R30), the latest of those; of them, one with the same system
-    prompt wins (Claude Code's billing line left out, R35), so a side-call that resends
-    the history under another system prompt is never taken for the turn before the next
-    one.  So a turn that continues its conversation is compared with the turn before it,
+    prompt and the same tools wins (Claude Code's billing line left out, R35), so a
+    side-call that resends the history under another system prompt (Claude Code's) or
+    without the tools (Codex's compaction request) is never taken for the turn before the
+    next one.  So a turn that continues its conversation is compared with the turn before it,
     and one that rewrote its history with the turn it rewrote, as the analysis links
     them (docs/analysis.md §6).  Where no request on the same model shares a start, one
     on another model whose messages are all this one's first is taken: the conversation
@@ -115,7 +117,7 @@ class Chains:
         self._starts: dict[Any, tuple[int, str]] = {}
         """By (API, model, n, the first n messages): the latest request that began so."""
         self._same: dict[Any, tuple[int, str]] = {}
-        """The same, with the system prompt."""
+        """The same, with the system prompt and the tools."""
         self._models: dict[Any, tuple[int, str]] = {}
         """By the messages alone (all of them), whatever the model."""
 
@@ -126,7 +128,7 @@ class Chains:
         """The response id of `turn`'s previous turn (request `seq`), or None."""
         for n in range(len(turn.prefixes), 0, -1):
             key = (turn.api, turn.model, n, turn.prefixes[n - 1])
-            for hit in (self._same.get((turn.system, key)), self._starts.get(key)):
+            for hit in (self._same.get((turn.head, key)), self._starts.get(key)):
                 if hit is not None and hit[0] < seq:
                     return hit[1]
         other: tuple[int, str] | None = None
@@ -143,7 +145,7 @@ class Chains:
         keys: list[Any] = []
         for n, chain in enumerate(turn.prefixes, 1):
             key = (turn.api, turn.model, n, chain)
-            keys += [(self._starts, key), (self._same, (turn.system, key))]
+            keys += [(self._starts, key), (self._same, (turn.head, key))]
         keys.append((self._models, (turn.api, len(turn.prefixes), turn.prefixes[-1])))
         for index, k in keys:
             held = index.get(k)
@@ -323,15 +325,13 @@ class Diagnosis:
             if name not in (api.messages_key, "tools")
         }
         leading = api.leading_with_text(rest)
-        system = hash(
-            tuple(
-                d["hash"]
-                for d, text in leading
-                if not (provider == ANTHROPIC and anthropic_billing_block(text))
-            )
+        system = tuple(
+            d["hash"]
+            for d, text in leading
+            if not (provider == ANTHROPIC and anthropic_billing_block(text))
         )
         hashes = [m["hash"] for m in digest["messages"][len(leading) :]]
-        return Turn(api.name, model, system, _chain(hashes))
+        return Turn(api.name, model, hash((system, digest["tools_hash"])), _chain(hashes))
 
     def _rewrite(
         self,

@@ -48,18 +48,20 @@ log = logging.getLogger("llmp")
 def child_env(env: dict[str, str], upstream: str, proxy: str) -> dict[str, str]:
     """The child's environment: every base-URL variable pointed at the proxy.
 
-    `OPENAI_BASE_URL` (with `/v1`), `ANTHROPIC_BASE_URL` and `OLLAMA_HOST` are
-    set, and any variable that already named the upstream (with or without a
-    path after it, such as `/v1`) names the proxy instead, with the same path.
+    Any variable that already named the upstream (with or without a path after
+    it, such as `/v1`, or OpenRouter's `/api/v1`) names the proxy instead, with
+    the same path; `OPENAI_BASE_URL` (with `/v1`), `ANTHROPIC_BASE_URL` and
+    `OLLAMA_HOST` are set where they did not.
     """
     out = dict(env)
     up = upstream.rstrip("/")
+    named = set()
     for key, value in env.items():
         if value.rstrip("/") == up or value.startswith(up + "/"):
             out[key] = proxy + value[len(up) :]
-    out["OPENAI_BASE_URL"] = f"{proxy}/v1"
-    out["ANTHROPIC_BASE_URL"] = proxy
-    out["OLLAMA_HOST"] = proxy
+            named.add(key)
+    defaults = {"OPENAI_BASE_URL": f"{proxy}/v1", "ANTHROPIC_BASE_URL": proxy, "OLLAMA_HOST": proxy}
+    out.update({k: v for k, v in defaults.items() if k not in named})
     out["LLMP_PROXY_URL"] = proxy
     return out
 
