@@ -49,6 +49,7 @@ from llmp.format.measure import (
     estimate,
     weakest,
 )
+from llmp.format.prefixes import unchanged
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config
@@ -244,7 +245,9 @@ def _where_it_broke(ex: Exchange, st: Structure, link: Link, ps: int) -> None:
         st.before = ps
         if ps < nsys and ps < len(last.sys):
             st.within = _kept_within(ex, ps, last, ps)
-    elif st.break_cause == HISTORY_REWRITTEN and link.mode in (CONTINUATION, PREFIX):
+    elif st.break_cause == HISTORY_REWRITTEN and link.mode in (CONTINUATION, PREFIX, OVERLAP):
+        # OVERLAP: the first message after the system ones changed (k is 0), and the
+        # history after it is resent (a pasted file edited, aider's rewritten repo map).
         st.before = nsys + k
         j = _old_counterpart(ex, nsys + k, last, ps, nsys, k)
         if j is not None:
@@ -410,24 +413,47 @@ def _kept_within(ex: Exchange, i: int, last: TurnState, j: int) -> int:
     """The tokens of message i before the point where it first differs from the earlier
     message j (composition units): where, inside the message, the prompt changed.
 
-    Only what a digest knows is used (R5), so a full and a digest recording charge
-    alike: a change in the first 256 characters keeps nothing, one only in the last 256
-    keeps what comes before them, and one in between keeps at least the first 256.
+    The characters come from `_unchanged_chars`; the tokens are the message's share of
+    them, by size.
     """
     if i >= len(ex.hashes) or j >= len(last.sys) + len(last.rest):
         return 0
-    chars, head, tail = ex.edges(i)
-    ochars, ohead, otail = last.edges(j)
+    chars = ex.edges(i)[0]
     if chars <= 0:
         return 0
+    tok, _ = ex.cumulative()
+    return round((tok[i + 1] - tok[i]) * _unchanged_chars(ex, i, last, j) / chars)
+
+
+def _unchanged_chars(ex: Exchange, i: int, last: TurnState, j: int) -> int:
+    """How many characters at the start of message i are as in the earlier message j: where
+    inside it the change begins (R31's P).  The one home of that rule.
+
+    Only what a digest holds is used, so a full and a digest recording charge alike.  The
+    prefix hashes of a long message (`format.prefixes`) place the change within a step
+    (64 characters, or 1/64 of a longer message).  Without them (a short message, an
+    older recording) the head and tail hashes (R5) decide: a change in the first 256
+    characters keeps nothing, one only in the last 256 keeps what comes before them, and
+    one in between keeps the first 256.
+    """
+    chars, head, tail = ex.edges(i)
+    ochars, ohead, otail = last.edges(j)
     if head != ohead:
         kept = 0
     elif tail != otail:
         kept = max(0, min(chars, ochars) - EDGE_CHARS)
     else:
         kept = min(chars, EDGE_CHARS)
-    tok, _ = ex.cumulative()
-    return round((tok[i + 1] - tok[i]) * min(kept, chars) / chars)
+    old = last.msgs[j].prefixes if j < len(last.msgs) else None
+    marks = unchanged(chars, ex.msgs[i].prefixes, ochars, old)
+    if marks is not None:
+        at, found = marks
+        if found:  # the change begins in the step after `at`: the hashes of the ends are
+            # only a bound (a long message changed in the middle and at its end too)
+            kept = max(at, 0 if head != ohead else EDGE_CHARS)
+        else:  # every shared prefix agreed: the change lies past them
+            kept = max(kept, at)
+    return min(kept, chars)
 
 
 def _old_counterpart(
@@ -452,10 +478,12 @@ def _where_changed(ex: Exchange, i: int, last: TurnState, j: int) -> dict[str, A
     """Where message i differs from the earlier message j: no text in digest mode.
 
     `within` says which part changed first, from the head and tail hashes
-    (R5): its first 256 characters, only its last 256, or in between.  In
-    full mode `offset` is the first differing character and `context` and
-    `was` a few characters around it, now and before.  The charge does not
-    use them, so a full and a digest recording charge alike.
+    (R5): its first 256 characters, only its last 256, or in between;
+    `kept_chars`, how many characters at its start the digest shows unchanged
+    (`_unchanged_chars`).  In full mode `offset` is the first differing
+    character and `context` and `was` a few characters around it, now and
+    before.  The charge does not use them, so a full and a digest recording
+    charge alike.
     """
     chars, head, tail = ex.edges(i)
     ochars, ohead, otail = last.edges(j)
@@ -472,6 +500,7 @@ def _where_changed(ex: Exchange, i: int, last: TurnState, j: int) -> dict[str, A
         "within": within,
         "chars_before": ochars,
         "chars_after": chars,
+        "kept_chars": _unchanged_chars(ex, i, last, j),
         "offset": None,
         "context": None,
         "was": None,

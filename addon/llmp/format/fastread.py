@@ -81,6 +81,8 @@ class Msg(msgspec.Struct, gc=False):
     tool_calls: Any = None
     tool_call_id: Any = None
     name: Any = None
+    prefixes: Any = None
+    """A long text's prefix hashes (`format.prefixes`); absent in older recordings."""
 
 
 class ToolDef(msgspec.Struct, gc=False):
@@ -112,6 +114,7 @@ class FastMsg(Msg, forbid_unknown_fields=True):
     """A tuple: the empty one is shared, most messages call no tool."""
     tool_call_id: str | None = None
     name: str | None = None
+    prefixes: str | None = None
 
 
 class FastTool(ToolDef, forbid_unknown_fields=True):

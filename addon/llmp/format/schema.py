@@ -63,6 +63,7 @@ class MessageDigest(TypedDict):
     tool_calls: list[ToolCallRef]
     tool_call_id: Any
     name: Any
+    prefixes: str | None  # additive: a long text's prefix hashes (format.prefixes)
 
 
 class ToolDigest(TypedDict):
