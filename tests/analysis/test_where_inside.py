@@ -92,6 +92,20 @@ def test_an_edit_in_a_pasted_file_is_split_as_the_server_did(
         assert changed["offset"] == changed_at
 
 
+def test_a_checkpoint_inside_the_message_is_no_return_to_the_change(tmp_path: Path) -> None:
+    """The window cache restores a checkpoint past the message's start but short of the
+    change: that is no sign of a cache that can go back, and what it re-read from the
+    checkpoint to the change is still the server's."""
+    truth_p, _, _ = _truth(0.5)
+    tr, _ = _traffic(sc.LlamaServer(swa=True, swa_every=1000))
+    row = rows_by_id(analyse(tr, tmp_path, "digest"))[EDIT_ROW]
+    reused = value(row["counts"]["reused_tokens"])
+    assert 400 < reused == 1000 < truth_p - 500  # inside the pasted file, before the change
+    le = row["lost_external"]
+    assert le is not None and le["cause"] == "server_no_rollback", row
+    _near(le["tokens"], truth_p - reused, "server part")
+
+
 def test_digest_and_full_charge_alike(tmp_path: Path) -> None:
     tr, _ = _traffic(sc.LlamaServer(swa=True))
     rows = [rows_by_id(analyse(tr, tmp_path, mode))[EDIT_ROW] for mode in ("digest", "full")]

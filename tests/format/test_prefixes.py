@@ -91,13 +91,16 @@ def test_an_edit_is_placed_within_one_step(pair: tuple[str, str]) -> None:
     kept, found = got
     d = _first_difference(new, old)
     step = max(step_of(len(new)), step_of(len(old)))
-    assert kept <= d
+    assert found in (0, step)
+    if kept > d:  # only when the cut hashes of the first place past the change agree
+        p = (d // step + 1) * step
+        assert hash_text(new[:p])[:HEX] == hash_text(old[:p])[:HEX], (kept, d)
     if found:
         assert d < kept + step
     else:
         assert kept + step >= min(len(old), len(new))
     if new == old:
-        assert got == (kept, False)
+        assert got == (kept, 0)
 
 
 def test_an_insertion_in_the_middle_of_a_pasted_file() -> None:
@@ -106,8 +109,8 @@ def test_an_insertion_in_the_middle_of_a_pasted_file() -> None:
     old = "Here is the file:\n" + "\n".join(lines)
     new = "Here is the file:\n" + "\n".join([*lines[:80], "    print('checkpoint')", *lines[80:]])
     d = _first_difference(new, old)
-    kept, found = unchanged(len(new), prefix_hashes(new), len(old), prefix_hashes(old)) or (0, 0)
-    assert found and kept <= d < kept + step_of(len(new))
+    kept, step = unchanged(len(new), prefix_hashes(new), len(old), prefix_hashes(old)) or (0, 0)
+    assert step == step_of(len(new)) and kept <= d < kept + step
     assert d > 3000  # far past the 256 characters the head hash covers
 
 
@@ -116,12 +119,24 @@ def test_anything_else_is_no_prefixes() -> None:
     text = "z" * 2000
     good = prefix_hashes(text)
     assert good is not None
-    assert unchanged(2000, good, 2000, good) == ((1999 // 64) * 64, False)
+    assert unchanged(2000, good, 2000, good) == ((1999 // 64) * 64, 0)
     assert unchanged(2000, None, 2000, good) is None
     assert unchanged(2000, good[:-1], 2000, good) is None
     assert unchanged(2000, good, 3000, good) is None  # 3000 characters have 46 places
     assert unchanged(400, "", 400, "") is None
     assert unchanged(True, good, 2000, good) is None
+
+
+def test_a_producer_may_keep_more_digits_a_place() -> None:
+    """The digits a place are the string's length over the places: R3's whole 16 hex
+    digits compare with llmp's 4 by the digits both kept."""
+    old = _text(3, 5000, ALPHABETS[0])
+    new = old[:2600] + "!" + old[2601:]
+    step = step_of(len(old))
+    whole = "".join(hash_text(old[:p]) for p in range(step, len(old), step))
+    assert unchanged(len(new), prefix_hashes(new), len(old), whole) == (2560, 128)
+    assert unchanged(len(old), whole, len(old), prefix_hashes(old)) == (4992, 0)
+    assert unchanged(len(old), whole + "0" * 39, len(old), whole) is None  # 17 a place
 
 
 def test_the_bytes_hashed_stay_linear_in_the_text() -> None:

@@ -88,7 +88,8 @@ def openai_body(stream: bool) -> dict[str, Any]:
                     }
                 ],
             },
-            {"role": "tool", "tool_call_id": "call_1", "content": m("tool-result")},
+            # Long enough for its prefix hashes (format.prefixes): hex digits, no text.
+            {"role": "tool", "tool_call_id": "call_1", "content": m("tool-result") * 40},
             {"role": "user", "content": m("user") + " tell me more"},
         ],
         "tools": TOOLS,
@@ -360,6 +361,8 @@ def test_digest_recording_holds_no_text_and_no_credentials(
         "user",
     ]
     assert dig["messages"][1]["chars"] == len(m("user-part"))
+    assert dig["messages"][1]["prefixes"] is None  # short
+    assert set(dig["messages"][3]["prefixes"]) <= set("0123456789abcdef")  # long: hex only
     assert dig["tools"][0]["name"] == "get_weather" and dig["params"]["grammar"] is True
     out = first["response"]["digest"]["output"]
     assert out["content_chars"] == len(m("reply")) and out["reasoning_chars"] == len(m("reasoning"))

@@ -81,7 +81,9 @@ class LlamaServer:
     checkpoint: int = 0  # > 0: reuse only up to a multiple of this (SWA checkpoints)
     swa: bool = False
     """A sliding-window cache without `--swa-full`: after a change it cannot go back, and
-    re-reads from 0 (R31); a prompt that extends the slot's last one reuses it all."""
+    re-reads from 0 (R31), or from its last checkpoint before the change (`swa_every`);
+    a prompt that extends the slot's last one reuses it all."""
+    swa_every: int = 0
     slots: list[list[str]] = field(default_factory=list)
     _used: list[int] = field(default_factory=list)
     _prompts: list[int] = field(default_factory=list)
@@ -106,7 +108,7 @@ class LlamaServer:
         if self.checkpoint:
             cache_n -= cache_n % self.checkpoint
         if self.swa and cache_n < self._prompts[best]:
-            cache_n = 0
+            cache_n -= cache_n % self.swa_every if self.swa_every else cache_n
         n_gen = max(1, math.ceil(reply_chars / 4))
         g = next(self._gen)
         self.slots[best] = prompt + [f"gen{g}:{i}" for i in range(n_gen)]

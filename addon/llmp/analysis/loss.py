@@ -111,6 +111,9 @@ class Structure:
     volatile: int = 0
     """A volatile head: what a new conversation re-read because only its head changed."""
     within: int = 0
+    within_slack: int = 0
+    """How far from the change `within` may lie, when the prefix hashes placed it (0: a
+    guess from the ends of the message)."""
     before: int | None = None
     """How many whole messages come before the break (R31's P counts their template tokens)."""
     messages: int = 0
@@ -206,10 +209,10 @@ def compare(ex: Exchange, link: Link | None, cfg: Config) -> Structure:
                 st.rerender = int(system[0] + tools[0] + ex.range_tokens(nsys, a)[0])
                 st.rerender_msgs = a
         return st
-    _where_it_broke(ex, st, link, ps)
+    _where_it_broke(ex, st, link, ps, cfg.estimate_margin)
     if _is_compaction(ex, st, link, cfg):
         st.compaction = True
-        st.within = 0
+        st.within = st.within_slack = 0
         _volatile_head(ex, st, last, ps, sys_eq, tools_eq, cfg)
         return st
     st.prefix += st.within
@@ -237,21 +240,21 @@ def _history_and_new(ex: Exchange, link: Link, system: MV) -> tuple[MV, MV]:
     return (0, system[1]), ex.range_tokens(nsys, n)
 
 
-def _where_it_broke(ex: Exchange, st: Structure, link: Link, ps: int) -> None:
+def _where_it_broke(ex: Exchange, st: Structure, link: Link, ps: int, margin: float) -> None:
     """R31's P for a break: the whole messages before it (`before`), and the kept part of
-    the first changed one (`within`)."""
+    the first changed one (`within`, `within_slack`)."""
     nsys, k, last = ex.n_sys, link.k, link.conv.last
     if st.break_cause == SYSTEM_CHANGED:
         st.before = ps
         if ps < nsys and ps < len(last.sys):
-            st.within = _kept_within(ex, ps, last, ps)
+            st.within, st.within_slack = _kept_within(ex, ps, last, ps, margin)
     elif st.break_cause == HISTORY_REWRITTEN and link.mode in (CONTINUATION, PREFIX, OVERLAP):
         # OVERLAP: the first message after the system ones changed (k is 0), and the
         # history after it is resent (a pasted file edited, aider's rewritten repo map).
         st.before = nsys + k
         j = _old_counterpart(ex, nsys + k, last, ps, nsys, k)
         if j is not None:
-            st.within = _kept_within(ex, nsys + k, last, j)
+            st.within, st.within_slack = _kept_within(ex, nsys + k, last, j, margin)
 
 
 def _is_compaction(ex: Exchange, st: Structure, link: Link, cfg: Config) -> bool:
@@ -409,25 +412,29 @@ def _volatile_head(
         st.volatile_where = where
 
 
-def _kept_within(ex: Exchange, i: int, last: TurnState, j: int) -> int:
+def _kept_within(ex: Exchange, i: int, last: TurnState, j: int, margin: float) -> tuple[int, int]:
     """The tokens of message i before the point where it first differs from the earlier
-    message j (composition units): where, inside the message, the prompt changed.
-
-    The characters come from `_unchanged_chars`; the tokens are the message's share of
-    them, by size.
+    message j (composition units): where, inside the message, the prompt changed.  And,
+    when the prefix hashes placed the change, how far from it that point may lie: a step,
+    and `margin` of the kept tokens, which are the message's share by characters (0 when
+    they did not: the point is then a guess from the message's ends).
     """
     if i >= len(ex.hashes) or j >= len(last.sys) + len(last.rest):
-        return 0
+        return 0, 0
     chars = ex.edges(i)[0]
     if chars <= 0:
-        return 0
+        return 0, 0
     tok, _ = ex.cumulative()
-    return round((tok[i + 1] - tok[i]) * _unchanged_chars(ex, i, last, j) / chars)
+    tokens = tok[i + 1] - tok[i]
+    kept, step = _unchanged_chars(ex, i, last, j)
+    within = round(tokens * kept / chars)
+    return within, (round(tokens * step / chars + margin * within) if step else 0)
 
 
-def _unchanged_chars(ex: Exchange, i: int, last: TurnState, j: int) -> int:
+def _unchanged_chars(ex: Exchange, i: int, last: TurnState, j: int) -> tuple[int, int]:
     """How many characters at the start of message i are as in the earlier message j: where
-    inside it the change begins (R31's P).  The one home of that rule.
+    inside it the change begins (R31's P).  The one home of that rule.  And the step of
+    the prefix hashes when they placed the change within it (else 0).
 
     Only what a digest holds is used, so a full and a digest recording charge alike.  The
     prefix hashes of a long message (`format.prefixes`) place the change within a step
@@ -444,16 +451,17 @@ def _unchanged_chars(ex: Exchange, i: int, last: TurnState, j: int) -> int:
         kept = max(0, min(chars, ochars) - EDGE_CHARS)
     else:
         kept = min(chars, EDGE_CHARS)
+    step = 0
     old = last.msgs[j].prefixes if j < len(last.msgs) else None
     marks = unchanged(chars, ex.msgs[i].prefixes, ochars, old)
     if marks is not None:
-        at, found = marks
-        if found:  # the change begins in the step after `at`: the hashes of the ends are
+        at, step = marks
+        if step:  # the change begins in the step after `at`: the hashes of the ends are
             # only a bound (a long message changed in the middle and at its end too)
             kept = max(at, 0 if head != ohead else EDGE_CHARS)
         else:  # every shared prefix agreed: the change lies past them
             kept = max(kept, at)
-    return min(kept, chars)
+    return min(kept, chars), step
 
 
 def _old_counterpart(
@@ -500,7 +508,7 @@ def _where_changed(ex: Exchange, i: int, last: TurnState, j: int) -> dict[str, A
         "within": within,
         "chars_before": ochars,
         "chars_after": chars,
-        "kept_chars": _unchanged_chars(ex, i, last, j),
+        "kept_chars": _unchanged_chars(ex, i, last, j)[0],
         "offset": None,
         "context": None,
         "was": None,
@@ -1003,11 +1011,17 @@ def _where_the_server_had_to_go(
     assert st.prefix is not None
     p_cut = p_srv
     if st.within and scaled:
-        # Where in the changed message the change falls is known only roughly in a
-        # digest; a server that reused past the message's start has shown it can go
-        # back to any position, and its own reuse is where the change began.
-        p_msg = (st.prefix - st.within) * factor
-        if reused > p_msg + tol:
+        # Where in the changed message the change falls is known only roughly from the
+        # ends of a digest's message; a server that reused past the message's start has
+        # shown it can go back to any position, and its own reuse is where the change
+        # began.  Where the prefix hashes placed the change, only a reuse that reaches
+        # it (within its slack) shows that: one short of it is a checkpoint before it,
+        # which a sliding-window cache restores (R31).
+        if st.within_slack:
+            went_back = reused >= p_srv - max(tol, st.within_slack * factor)
+        else:
+            went_back = reused > (st.prefix - st.within) * factor + tol
+        if went_back:
             v.rolled_back = True
             p_cut = min(p_srv, reused)
     if rolls_back and charged and p_src != TOKENIZER and (btw is None or not btw.would_cause):

@@ -20,7 +20,8 @@ The rule, which any reader can apply from `chars` alone:
   a shorter one has none (`null`);
 * the step s is `FIRST_STEP` doubled until the text is at most `MOST` steps long;
 * for each p = s, 2s, ... below the text's length, the first `HEX` hex digits of
-  R3's FNV-1a 64 of the UTF-8 of its first p characters, all in one string.
+  R3's FNV-1a 64 of the UTF-8 of its first p characters, all in one string (a reader
+  takes the digits a place from the string's length: another producer may keep more).
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ FIRST_STEP = 64
 """The finest step, in characters: P within 64 characters (some 15 to 20 tokens)."""
 MOST = 64
 """A message is at most this many steps long: at most 63 hashes, whatever its size."""
-HEX = 8
-"""Hex digits kept of each hash (its high 32 bits): a differing prefix is taken for an
-equal one once in four billion comparisons, which would move P by one step."""
+HEX = 4
+"""Hex digits kept of each hash (its high 16 bits).  Only the first place that differs is
+looked for, so an equal-looking differing prefix (once in 65,536) moves P by one step;
+the record pays 4 hex digits a place instead of R3's 16."""
 _SHIFT = 64 - 4 * HEX
 _FORMAT = f"0{HEX}x"
 
@@ -95,38 +97,45 @@ def _prefix_hashes(text: str) -> str:
     return "".join([format(fnv1a64_prefix(data, end) >> _SHIFT, _FORMAT) for end in ends])
 
 
-def _valid(chars: object, prefixes: object) -> tuple[int, str] | None:
-    """The step and the hashes of a digest's values, or None when they do not fit the rule
-    (absent, a short message, another producer's shape)."""
+def _valid(chars: object, prefixes: object) -> tuple[int, int, str] | None:
+    """The step, the hex digits a place and the hashes of a digest's values, or None when
+    they do not fit the rule (absent, a short message, another producer's shape).
+
+    The digits a place are the string's length over the places `chars` gives: a
+    producer may keep more of each hash than `HEX`, and two widths still compare (by
+    the digits both kept, the high bits of the same hash).
+    """
     if type(chars) is not int or type(prefixes) is not str or chars <= LONG_CHARS:
         return None
     step = step_of(chars)
-    if len(prefixes) != HEX * ((chars - 1) // step):
+    width, extra = divmod(len(prefixes), (chars - 1) // step)
+    if extra or not 1 <= width <= 16:
         return None
-    return step, prefixes
+    return step, width, prefixes
 
 
 def unchanged(
     chars: object, prefixes: object, old_chars: object, old_prefixes: object
-) -> tuple[int, bool] | None:
+) -> tuple[int, int] | None:
     """What two versions of a message's prefixes tell about where they first differ.
 
-    `(kept, found)`: the text's first `kept` characters are the same in both; when
-    `found`, the prefix one step further differs, so the change begins within that step.
-    Otherwise every shared place agreed and the change begins at or after `kept`.  None
-    when either version has no usable prefixes.
+    `(kept, step)`: the text's first `kept` characters are the same in both; when `step`
+    is not 0, the prefix one step further differs, so the change begins within
+    `[kept, kept + step)`.  A `step` of 0: every shared place agreed, and the change
+    begins at or after `kept`.  None when either version has no usable prefixes.
     """
     new = _valid(chars, prefixes)
     old = _valid(old_chars, old_prefixes)
     if new is None or old is None:
         return None
-    (step, hashes), (old_step, old_hashes) = new, old
+    (step, width, hashes), (old_step, old_width, old_hashes) = new, old
+    digits = min(width, old_width)
     common = max(step, old_step)  # both steps are powers of two times FIRST_STEP
     every, old_every = common // step, common // old_step
-    shared = min(len(hashes) // HEX // every, len(old_hashes) // HEX // old_every)
+    shared = min(len(hashes) // width // every, len(old_hashes) // old_width // old_every)
     for k in range(shared):
-        a = (k + 1) * every - 1
-        b = (k + 1) * old_every - 1
-        if hashes[a * HEX : (a + 1) * HEX] != old_hashes[b * HEX : (b + 1) * HEX]:
-            return k * common, True
-    return shared * common, False
+        a = ((k + 1) * every - 1) * width
+        b = ((k + 1) * old_every - 1) * old_width
+        if hashes[a : a + digits] != old_hashes[b : b + digits]:
+            return k * common, common
+    return shared * common, 0
