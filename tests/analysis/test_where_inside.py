@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 from llmp.analysis import analyze
+from llmp.analysis.exchange import Digested, read_record
+from llmp.format.lines import parse_line
 from llmp.format.prefixes import step_of
 from tests.support import scenarios as sc
 from tests.support.scenarios import analyse, rows_by_id, value
@@ -104,6 +106,22 @@ def test_a_checkpoint_inside_the_message_is_no_return_to_the_change(tmp_path: Pa
     le = row["lost_external"]
     assert le is not None and le["cause"] == "server_no_rollback", row
     _near(le["tokens"], truth_p - reused, "server part")
+
+
+def test_the_fast_path_reads_the_prefixes(tmp_path: Path) -> None:
+    """Every line of the digest recording takes the fast path (`FastMsg` declares the
+    field), which keeps each message's prefixes as the plain path does."""
+    tr, _ = _traffic(sc.LlamaServer(swa=True))
+    path = tr.write(tmp_path / "rec.jsonl", "digest")
+    lines = path.read_bytes().splitlines()
+    fast = [read_record(line) for line in lines]
+    assert all(isinstance(d, Digested) for d in fast)
+    plain = [parse_line(line) for line in lines]
+    for d, rec in zip(fast, plain, strict=True):
+        assert isinstance(d, Digested) and isinstance(rec, dict)
+        want = [m["prefixes"] for m in rec["request"]["digest"]["messages"]]
+        assert [m.prefixes for m in d.msgs] == want
+    assert any(p is not None for p in want)
 
 
 def test_digest_and_full_charge_alike(tmp_path: Path) -> None:
