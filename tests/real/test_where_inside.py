@@ -1,13 +1,14 @@
-"""Where inside a long message it changed (R31's P), from a digest's prefix hashes, held
-against the real llama-server.
+"""Where inside a long message it changed (R31's P), and what of it is new, from a
+digest's content-defined chunks, held against the real llama-server.
 
 Gemma 3 270M has a sliding-window cache: without ``--swa-full`` llama-server cannot go
 back into it, and after a change re-reads from 0 or from a context checkpoint; with
 ``--swa-full`` it re-reads from where the prompt changed, which is the truth for P and so
-for how the loss splits between the client (the old prompt from P on) and the server
-(P less what it reused).  A file pasted into a user message is edited in its middle:
-a digest knows neither end of the message changed, and only its prefix hashes say where
-in between (docs/analysis.md §7, "Where P is").
+for how the loss splits between the client (the old prompt from P on, less what the edit
+put in) and the server (P less what it reused).  A file pasted into a user message is
+edited in its middle: a digest knows neither end of the message changed, and only its
+chunks say where in between, and where the edit ends (docs/analysis.md §7, "Where P
+is").
 
 One conversation, the same on both servers (``-np 1 --cache-ram 0``):
 
@@ -41,6 +42,7 @@ pytestmark = real_server_marks()
 TOLERANCE = 0.10
 SYSTEM = "You are a careful reviewer of Python code for a small data team.\n" + rules(6)
 EDIT_B, EDIT_A = 4, 6
+EDITS = (EDIT_B, EDIT_A)
 APPENDED = (2, 3, 5, 7)
 
 
@@ -70,6 +72,15 @@ def edited(text: str, at: float) -> str:
     return out
 
 
+def edit_span(old: str, new: str) -> str:
+    """What an edit put in: the new text between the first and the last character that
+    differ from the old one."""
+    n = min(len(old), len(new))
+    a = next((i for i in range(n) if old[i] != new[i]), n)
+    b = next((i for i in range(n - a) if old[-1 - i] != new[-1 - i]), n - a)
+    return new[a : len(new) - b]
+
+
 MODULE_A, MODULE_B = module("ingest", 36), module("export", 30)
 
 
@@ -80,6 +91,7 @@ def _drive(server: LlamaServer) -> Any:
             {"role": "user", "content": "Here is module A:\n" + MODULE_A},
         ]
         new: dict[int, list[str]] = {}
+        put: dict[int, str] = {}  # what each edit put in
 
         def step(rid: int, user: str) -> None:
             reply = turn(client, messages)
@@ -93,13 +105,17 @@ def _drive(server: LlamaServer) -> Any:
         step(3, "Which of the two is slower?")
         b = messages[5]["content"]
         messages[5] = {"role": "user", "content": b.replace(MODULE_B, edited(MODULE_B, 0.5))}
+        put[EDIT_B] = edit_span(b, messages[5]["content"])
         step(4, "I changed a scale in B. Does it still work?")  # 4: B edited
         step(5, "Thanks.")
         a = messages[1]["content"]
         messages[1] = {"role": "user", "content": a.replace(MODULE_A, edited(MODULE_A, 2 / 3))}
+        put[EDIT_A] = edit_span(a, messages[1]["content"])
         step(6, "And one in A.")  # 6: A edited
         turn(client, messages)  # 7
         case.new = {rid: tokens(server, texts) for rid, texts in new.items()}
+        case.notes["put"] = {rid: tokens(server, [text]) for rid, text in put.items()}
+        case.notes["put_chars"] = {rid: len(text) for rid, text in put.items()}
 
     return drive
 
@@ -123,21 +139,26 @@ def gemma_full(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Case]:
 
 
 def _truth(run: Case, full: Case, rid: int) -> tuple[int, int, str]:
-    """(client's part, server's part) as the --swa-full run shows them, and a summary."""
+    """(client's part, server's part) as the --swa-full run shows them, and a summary.
+
+    The client's part is what the --swa-full server re-read less the new content: the
+    new messages, and what the edit put in (as the server tokenizes it alone)."""
     t, f = run.timings(rid), full.timings(rid)
     change = f["cache_n"]  # where the --swa-full server found the change: P
     server = change - t["cache_n"]
-    client = f["prompt_n"] - full.new[rid]
+    put = full.notes["put"][rid]
+    client = f["prompt_n"] - full.new[rid] - put
     return (
         client,
         server,
         f"row {rid}: P {change} (swa-full cache_n), reused {t['cache_n']}, read {t['prompt_n']} "
-        f"(swa-full read {f['prompt_n']}), new {full.new[rid]}: client {client}, server {server}",
+        f"(swa-full read {f['prompt_n']}), new {full.new[rid]}, put in {put}: "
+        f"client {client}, server {server}",
     )
 
 
 @pytest.mark.parametrize("mode", ["digest", "tokenized"])
-@pytest.mark.parametrize("rid", [EDIT_B, EDIT_A])
+@pytest.mark.parametrize("rid", EDITS)
 def test_an_edit_inside_a_pasted_file_is_split_as_the_server_did(
     gemma: Case, gemma_full: Case, rid: int, mode: str
 ) -> None:
@@ -155,13 +176,14 @@ def test_an_edit_inside_a_pasted_file_is_split_as_the_server_did(
     assert abs(lc["tokens"] - client) <= TOLERANCE * client, got
     for loss in (lc, le):  # the server's counts and its tokenizer, no estimate
         assert loss["ms"]["source"] in ("server", "tokenizer"), (loss, detail)
+    assert changed["edited_chars"] >= gemma.notes["put_chars"][rid], (changed, detail)
 
 
 @pytest.mark.parametrize("mode", ["digest", "tokenized"])
 def test_a_cache_that_can_go_back_has_no_server_part(gemma_full: Case, mode: str) -> None:
     """P lies at or before the change: the --swa-full server reused at least P, and
     nothing of its re-read is the server's."""
-    for rid in (EDIT_B, EDIT_A):
+    for rid in EDITS:
         row = gemma_full.row(rid, mode)
         assert row["lost_external"] is None and row["cause"] == "structural", row
         assert row["prefix_tokens"] <= gemma_full.timings(rid)["cache_n"], row
@@ -176,14 +198,15 @@ def test_appended_turns_lose_nothing(gemma: Case, mode: str) -> None:
 
 
 def test_the_digest_recording_holds_no_text(gemma: Case) -> None:
-    """The prefix hashes are hex digits: nothing of the pasted files is in the file."""
+    """The chunks are numbers and hex digits: nothing of the pasted files is in the file."""
     text = Path(gemma.notes["digest_path"]).read_text()
     for needle in ("ingest_step", "export_step", "math.sqrt", "nightly import"):
         assert needle not in text
-    prefixes = [
-        m["prefixes"]
+    levels = [
+        level
         for line in gemma.digest.values()
         for m in line["request"]["digest"]["messages"]
-        if m.get("prefixes")
+        for level in m.get("chunks") or []
     ]
-    assert prefixes and all(set(p) <= set("0123456789abcdef") for p in prefixes)
+    assert levels and all(set(lv) == {"size", "ends", "hashes"} for lv in levels)
+    assert all(set(lv["hashes"]) <= set("0123456789abcdef") for lv in levels)

@@ -7,7 +7,7 @@ each lost token to a cause.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from llmp.analysis.causes import (
     HISTORY_REWRITTEN,
@@ -39,6 +39,7 @@ from llmp.analysis.linking import (
 from llmp.analysis.rows import Loss
 from llmp.apis.base import EDGE_CHARS
 from llmp.apis.servers import SHARED, UNKNOWN, Server
+from llmp.format.chunks import locate
 from llmp.format.measure import (
     ESTIMATE,
     MV,
@@ -49,7 +50,6 @@ from llmp.format.measure import (
     estimate,
     weakest,
 )
-from llmp.format.prefixes import unchanged
 
 if TYPE_CHECKING:
     from llmp.analysis.config import Config
@@ -111,8 +111,8 @@ class Structure:
     volatile: int = 0
     """A volatile head: what a new conversation re-read because only its head changed."""
     within: int = 0
-    within_slack: int = 0
-    """How far from the change `within` may lie, when the prefix hashes placed it (0: a
+    within_slack: int | None = None
+    """How far past `within` the change may begin, when the chunks placed it (None: a
     guess from the ends of the message)."""
     before: int | None = None
     """How many whole messages come before the break (R31's P counts their template tokens)."""
@@ -212,7 +212,7 @@ def compare(ex: Exchange, link: Link | None, cfg: Config) -> Structure:
     _where_it_broke(ex, st, link, ps, cfg.estimate_margin)
     if _is_compaction(ex, st, link, cfg):
         st.compaction = True
-        st.within = st.within_slack = 0
+        st.within, st.within_slack = 0, None
         _volatile_head(ex, st, last, ps, sys_eq, tools_eq, cfg)
         return st
     st.prefix += st.within
@@ -296,9 +296,10 @@ def _charge(
     Had the client not changed its prompt, everything up to the new content
     would have been reusable; so what follows the break point is charged,
     less the content no earlier prompt had.  A changed message is charged
-    from where it changed: only what it grew by is new (docs/analysis.md
-    §7).  The break point is the first changed system message, or the tools
-    block, or the first rewritten history message (`k` shared before it).
+    from where it changed: only its changed span is new (`_change_in`,
+    docs/analysis.md §7).  The break point is the first changed system
+    message, or the tools block, or the first rewritten history message (`k`
+    shared before it).
     """
     tok, est = ex.cumulative()
     nsys = ex.n_sys
@@ -308,7 +309,7 @@ def _charge(
     estimated = False
     first = ps if not sys_eq else nsys if not tools_eq else nsys + k
     after = fresh = 0
-    paired: dict[int, int] = {}  # old message index -> the chars of its edited version
+    paired: dict[int, int] = {}  # old message index -> its characters the edit replaced
     for i in range(first, n):
         t = tok[i + 1] - tok[i]
         estimated = estimated or est[i + 1] != est[i]
@@ -319,14 +320,14 @@ def _charge(
         if j is None:
             fresh += t
             continue
-        where = _where_changed(ex, i, last, j)
+        change = _change_in(ex, i, last, j)
         if st.changed is None:
             st.changed = []
-        st.changed.append(where)
-        rewritten = where["within"] == FIRST_256 and ex.edges(i)[2] != last.edges(j)[2]
-        fresh += _grown(t, where, rewritten)
-        if not rewritten:
-            paired[j] = where["chars_after"]
+        st.changed.append(_where_changed(ex, i, last, j, change))
+        chars = ex.edges(i)[0]
+        if chars > 0:
+            fresh += round(t * min(change.new, chars) / chars)
+        paired[j] = change.old
     if not (sys_eq and tools_eq):  # else the tools block is inside the prefix
         t = int(st.tools[0])
         st.tools_after = t
@@ -346,10 +347,10 @@ def _charge(
 def _removed(ex: Exchange, st: Structure, last: TurnState, paired: dict[int, int]) -> None:
     """What of the linked turn's prompt this one no longer holds, in estimated units.
 
-    Old messages it does not resend count whole, an edited one by what it
-    shrank, and old tools by theirs.  With the linked turn's server prompt
-    this gives the old content that is still there, which the server should
-    have kept (`_client_loss`).
+    Old messages it does not resend count whole, an edited one by what the
+    edit replaced (`_change_in`), and old tools by theirs.  With the linked
+    turn's server prompt this gives the old content that is still there,
+    which the server should have kept (`_client_loss`).
     """
     st.prev_prompt = last.prompt_server
     now = set(ex.hashes)  # strings: prepare made every hash safe to use
@@ -361,8 +362,8 @@ def _removed(ex: Exchange, st: Structure, last: TurnState, paired: dict[int, int
         total += e
         if h in now:
             continue
-        kept = paired.get(j)
-        removed += e if kept is None else estimate(max(0, chars - kept))
+        gone = paired.get(j)
+        removed += e if gone is None else estimate(min(chars, gone))
     st.old_msgs, st.removed_msgs = total, removed
     tools_now = {th for t in ex.tool_digests if t is not None and type(th := t.hash) is str}
     for t in last.tool_digests:
@@ -412,56 +413,111 @@ def _volatile_head(
         st.volatile_where = where
 
 
-def _kept_within(ex: Exchange, i: int, last: TurnState, j: int, margin: float) -> tuple[int, int]:
+def _kept_within(
+    ex: Exchange, i: int, last: TurnState, j: int, margin: float
+) -> tuple[int, int | None]:
     """The tokens of message i before the point where it first differs from the earlier
     message j (composition units): where, inside the message, the prompt changed.  And,
-    when the prefix hashes placed the change, how far from it that point may lie: a step,
-    and `margin` of the kept tokens, which are the message's share by characters (0 when
-    they did not: the point is then a guess from the message's ends).
+    when the chunks placed the change, how far past that point it may begin: the chunk
+    it falls in, and `margin` of the kept tokens, which are the message's share by
+    characters (None when they did not: the point is then a guess from the message's
+    ends).
     """
     if i >= len(ex.hashes) or j >= len(last.sys) + len(last.rest):
-        return 0, 0
+        return 0, None
     chars = ex.edges(i)[0]
     if chars <= 0:
-        return 0, 0
+        return 0, None
     tok, _ = ex.cumulative()
     tokens = tok[i + 1] - tok[i]
-    kept, step = _unchanged_chars(ex, i, last, j)
-    within = round(tokens * kept / chars)
-    return within, (round(tokens * step / chars + margin * within) if step else 0)
+    change = _change_in(ex, i, last, j)
+    within = round(tokens * change.kept / chars)
+    if change.slack is None:
+        return within, None
+    return within, round(tokens * change.slack / chars + margin * within)
 
 
-def _unchanged_chars(ex: Exchange, i: int, last: TurnState, j: int) -> tuple[int, int]:
-    """How many characters at the start of message i are as in the earlier message j: where
-    inside it the change begins (R31's P).  The one home of that rule.  And the step of
-    the prefix hashes when they placed the change within it (else 0).
+class Change(NamedTuple):
+    """Where inside a message its earlier version changed, in characters."""
 
-    Only what a digest holds is used, so a full and a digest recording charge alike.  The
-    prefix hashes of a long message (`format.prefixes`) place the change within a step
-    (64 characters, or 1/64 of a longer message).  Without them (a short message, an
-    older recording) the head and tail hashes (R5) decide: a change in the first 256
-    characters keeps nothing, one only in the last 256 keeps what comes before them, and
-    one in between keeps the first 256.
+    kept: int
+    """Characters at its start as before: where the change begins (R31's P)."""
+    slack: int | None
+    """The change begins within `[kept, kept + slack]`; None when the chunks did not say
+    (`kept` is then a guess from the message's ends)."""
+    span: int
+    """The changed span now, after `kept`: where the chunks differ (without them, `new`)."""
+    new: int
+    """The message's new content: the span less half its first and half its last chunk
+    (now or before, whichever is less), and at least what the message grew by (without
+    the chunks, what it grew by, or all of it when both its ends changed)."""
+    old: int
+    """What the edit replaced of the earlier version: `new` less what it grew by."""
+
+
+def _change_in(ex: Exchange, i: int, last: TurnState, j: int) -> Change:
+    """Where inside message i the change from the earlier message j lies: the one home
+    of that rule, for P (`_kept_within`), the new content (`_charge`), what the edit
+    removed (`_removed`) and the report (`_where_changed`).
+
+    Only what a digest holds is used, so a full and a digest recording charge alike.
+    The chunks of a long message (`format.chunks`) place the change's start within a
+    chunk (64 characters, or 1/64 of a longer message), and its end where the chunks
+    match again: so a block rewritten in the middle of a pasted file is new content,
+    and what comes after it old.  The edit begins somewhere in the span's first chunk
+    and ends somewhere in its last, so the span less half of each counts as new (none
+    of a span of one chunk), and at least what the message grew by; of the two
+    versions, the one whose span has fewer cuts says it better (an edit just before a
+    cut moves that cut, and shows as two chunks on one side and one on the other).
+    Counting the span whole made a clock that ticked in the last chunk of a
+    2,000-token system prompt some 90 tokens of new content, 15 % of the client's
+    charge on a server that went back to the clock (tests/real/test_loss_truth.py);
+    counting only the chunks between the first and the last missed a third of a
+    rewritten block.  A head that is as before keeps at least its 256 characters.
+
+    Without the chunks (a short message, an older recording, a version whose length
+    moved too far) the head and tail hashes (R5) decide: a change in the first 256
+    characters keeps nothing, one only in the last 256 keeps what comes before them,
+    and one in between keeps the first 256; and only what the message grew by is new,
+    all of it when both ends changed (a rewrite).
     """
     chars, head, tail = ex.edges(i)
     ochars, ohead, otail = last.edges(j)
+    old_chunks = last.msgs[j].chunks if j < len(last.msgs) else None
+    found = locate(chars, ex.msgs[i].chunks, ochars, old_chunks)
+    grown = chars - ochars
+    f = found
+    if f is not None:
+        lift = 0
+        if head == ohead and f.kept < EDGE_CHARS <= min(chars, ochars):
+            # The change begins after the head.
+            lift = min(EDGE_CHARS - f.kept, f.slack, f.first, f.old_first)
+        guess = min(
+            _midway(f.new, f.first, f.last, lift),
+            _midway(f.old, f.old_first, f.old_last, lift) + grown,
+        )
+        span = f.new - lift
+        new = max(0, min(span, max(grown, round(guess))))
+        return Change(f.kept + lift, f.slack - lift, span, new, max(0, new - grown))
     if head != ohead:
         kept = 0
     elif tail != otail:
         kept = max(0, min(chars, ochars) - EDGE_CHARS)
     else:
         kept = min(chars, EDGE_CHARS)
-    step = 0
-    old = last.msgs[j].prefixes if j < len(last.msgs) else None
-    marks = unchanged(chars, ex.msgs[i].prefixes, ochars, old)
-    if marks is not None:
-        at, step = marks
-        if step:  # the change begins in the step after `at`: the hashes of the ends are
-            # only a bound (a long message changed in the middle and at its end too)
-            kept = max(at, 0 if head != ohead else EDGE_CHARS)
-        else:  # every shared prefix agreed: the change lies past them
-            kept = max(kept, at)
-    return min(kept, chars), step
+    if head != ohead and tail != otail:
+        return Change(0, None, chars, chars, ochars)
+    new = max(0, grown)
+    return Change(min(kept, chars), None, new, new, max(0, -grown))
+
+
+def _midway(span: int, first: int, last: int, lift: int) -> float:
+    """A changed span less half its first and half its last chunk (characters), the
+    first `lift` characters of it known to be as before: where inside the two the edit
+    begins and ends is not known.  0 for a span of one chunk or none."""
+    if first >= span:
+        return 0.0
+    return span - lift - (first - lift + last) / 2
 
 
 def _old_counterpart(
@@ -482,16 +538,18 @@ def _old_counterpart(
     return None
 
 
-def _where_changed(ex: Exchange, i: int, last: TurnState, j: int) -> dict[str, Any]:
+def _where_changed(
+    ex: Exchange, i: int, last: TurnState, j: int, change: Change | None = None
+) -> dict[str, Any]:
     """Where message i differs from the earlier message j: no text in digest mode.
 
     `within` says which part changed first, from the head and tail hashes
     (R5): its first 256 characters, only its last 256, or in between;
-    `kept_chars`, how many characters at its start the digest shows unchanged
-    (`_unchanged_chars`).  In full mode `offset` is the first differing
-    character and `context` and `was` a few characters around it, now and
-    before.  The charge does not use them, so a full and a digest recording
-    charge alike.
+    `kept_chars`, how many characters at its start the digest shows unchanged,
+    and `edited_chars`, how many after them it shows changed (`_change_in`).
+    In full mode `offset` is the first differing character and `context` and
+    `was` a few characters around it, now and before.  The charge does not
+    use them, so a full and a digest recording charge alike.
     """
     chars, head, tail = ex.edges(i)
     ochars, ohead, otail = last.edges(j)
@@ -501,6 +559,8 @@ def _where_changed(ex: Exchange, i: int, last: TurnState, j: int) -> dict[str, A
         within = LAST_256
     else:
         within = BETWEEN
+    if change is None:
+        change = _change_in(ex, i, last, j)
     role = ex.msgs[i].role
     out: dict[str, Any] = {
         "index": i,
@@ -508,7 +568,8 @@ def _where_changed(ex: Exchange, i: int, last: TurnState, j: int) -> dict[str, A
         "within": within,
         "chars_before": ochars,
         "chars_after": chars,
-        "kept_chars": _unchanged_chars(ex, i, last, j)[0],
+        "kept_chars": change.kept,
+        "edited_chars": change.span,
         "offset": None,
         "context": None,
         "was": None,
@@ -520,19 +581,6 @@ def _where_changed(ex: Exchange, i: int, last: TurnState, j: int) -> dict[str, A
         out["context"] = new[max(0, off - CONTEXT_BEFORE) : off + CONTEXT_AFTER]
         out["was"] = was[max(0, off - CONTEXT_BEFORE) : off + CONTEXT_AFTER]
     return out
-
-
-def _grown(tokens: int, where: dict[str, Any], rewritten: bool) -> int:
-    """The new part of a changed message's tokens.
-
-    What it grew by, when one end of it is unchanged (an edit: a clock, a
-    cut, an appended line); all of it when both ends changed (a rewrite).
-    """
-    chars = where["chars_after"]
-    if not chars:
-        return 0
-    added = chars if rewritten else max(0, chars - where["chars_before"])
-    return round(tokens * min(chars, added) / chars)
 
 
 def _new_tools_tokens(ex: Exchange, last: TurnState) -> int:
@@ -1014,10 +1062,10 @@ def _where_the_server_had_to_go(
         # Where in the changed message the change falls is known only roughly from the
         # ends of a digest's message; a server that reused past the message's start has
         # shown it can go back to any position, and its own reuse is where the change
-        # began.  Where the prefix hashes placed the change, only a reuse that reaches
-        # it (within its slack) shows that: one short of it is a checkpoint before it,
+        # began.  Where the chunks placed the change, only a reuse that reaches it
+        # (within its slack) shows that: one short of it is a checkpoint before it,
         # which a sliding-window cache restores (R31).
-        if st.within_slack:
+        if st.within_slack is not None:
             went_back = reused >= p_srv - max(tol, st.within_slack * factor)
         else:
             went_back = reused > (st.prefix - st.within) * factor + tol

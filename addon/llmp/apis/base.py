@@ -7,7 +7,7 @@ Each one subclasses `ChatApi`; `llmp.apis` lists them.
 
 The message digest shape (R4, R5) is the same for every API: a role, an
 identity hash, the size of the text and the hashes of its two ends (and, for a
-long text, of its prefixes: `llmp.format.prefixes`).  Each
+long text, its content-defined chunks: `llmp.format.chunks`).  Each
 API decides what its identity value and its text are; `digest_message`
 turns those into the digest.
 """
@@ -22,8 +22,8 @@ import msgspec
 
 from llmp.format import canonical
 from llmp.format.canonical import EMPTY_HASH, dumps, hash_bytes, hash_text
+from llmp.format.chunks import chunks_of
 from llmp.format.measure import MV, SERVER
-from llmp.format.prefixes import prefix_hashes
 from llmp.format.schema import (
     MessageDigest,
     Params,
@@ -488,8 +488,8 @@ def digest_message(
 ) -> MessageDigest:
     """A message digest from its identity value (hashed as canonical JSON) and its text.
 
-    A long text also keeps its prefix hashes (`format.prefixes`): where inside it a later
-    version changed.
+    A long text also keeps its chunks (`format.chunks`): where inside it a later version
+    changed, and where that change ends.
     """
     head, tail = edge_hashes(text)
     return {
@@ -501,7 +501,7 @@ def digest_message(
         "tool_calls": tool_calls,
         "tool_call_id": tool_call_id,
         "name": name,
-        "prefixes": prefix_hashes(text),
+        "chunks": chunks_of(text),
     }
 
 

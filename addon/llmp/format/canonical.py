@@ -34,7 +34,6 @@ __all__ = [
     "RawInt",
     "dumps",
     "fnv1a64",
-    "fnv1a64_prefix",
     "hash_bytes",
     "hash_text",
     "hash_value",
@@ -303,13 +302,6 @@ def hash_bytes(data: bytes) -> str:
     if _fnv1a_64_raw is not None:
         return format(_fnv1a_64_raw(data, len(data)), "016x")
     return format(fnv1a64(data), "016x")
-
-
-def fnv1a64_prefix(data: bytes, end: int) -> int:
-    """FNV-1a 64 of ``data[:end]`` as an integer, without copying the prefix."""
-    if _fnv1a_64_raw is not None:
-        return int(_fnv1a_64_raw(data, end))
-    return fnv1a64(data[:end])
 
 
 def hash_text(text: str) -> str:
