@@ -19,7 +19,10 @@ One conversation, the same on both servers (``-np 1 --cache-ram 0``):
 5. an appended turn;
 6. module A edited two thirds of the way down: the first user message changed, and
    the history after it resent;
-7. an appended turn.
+7. an appended turn;
+8. four functions in the middle of module B rewritten with as many characters: the
+   message grew by nothing, and some 300 tokens of it are new;
+9. an appended turn.
 
 Needs ``LLMP_LLAMA_SERVER`` and ``LLMP_LLAMA_MODEL_SWA`` (``eval
 "$(../shared/tools/real-llama-server --env)"``); skipped without them.  Some 20 000
@@ -41,9 +44,9 @@ pytestmark = real_server_marks()
 
 TOLERANCE = 0.10
 SYSTEM = "You are a careful reviewer of Python code for a small data team.\n" + rules(6)
-EDIT_B, EDIT_A = 4, 6
-EDITS = (EDIT_B, EDIT_A)
-APPENDED = (2, 3, 5, 7)
+EDIT_B, EDIT_A, REWRITE_B = 4, 6, 8
+EDITS = (EDIT_B, EDIT_A, REWRITE_B)
+APPENDED = (2, 3, 5, 7, 9)
 
 
 def module(name: str, functions: int) -> str:
@@ -68,6 +71,25 @@ def edited(text: str, at: float) -> str:
     digit = lines[i][lines[i].index("scale=") + 6]
     lines[i] = lines[i].replace(f"scale={digit}", "scale=8" if digit == "9" else "scale=9", 1)
     out = "\n".join(lines)
+    assert len(out) == len(text) and out != text
+    return out
+
+
+SAME_LENGTH = (
+    ("values", "totals"), ("scale", "ratio"), ("kept", "held"), ("batch", "group"),
+    ("empty", "blank"), ("sqrt", "log2"),
+)  # fmt: skip
+
+
+def rewritten(text: str, at: float, functions: int = 4) -> str:
+    """The same text with `functions` functions from `at` of the way down rewritten word
+    for word, each word by one as long: the text keeps its length."""
+    lines = text.split("\n")
+    i = next(k for k in range(int(len(lines) * at), len(lines)) if lines[k].startswith("def "))
+    block = "\n".join(lines[i : i + 5 * functions])
+    for a, b in SAME_LENGTH:
+        block = block.replace(a, b)
+    out = "\n".join([*lines[:i], block, *lines[i + 5 * functions :]])
     assert len(out) == len(text) and out != text
     return out
 
@@ -112,7 +134,12 @@ def _drive(server: LlamaServer) -> Any:
         messages[1] = {"role": "user", "content": a.replace(MODULE_A, edited(MODULE_A, 2 / 3))}
         put[EDIT_A] = edit_span(a, messages[1]["content"])
         step(6, "And one in A.")  # 6: A edited
-        turn(client, messages)  # 7
+        step(7, "Fine.")
+        b = messages[5]["content"]
+        messages[5] = {"role": "user", "content": rewritten(b, 0.5)}
+        put[REWRITE_B] = edit_span(b, messages[5]["content"])
+        step(8, "I rewrote four functions of B.")  # 8: B rewritten, as long as before
+        turn(client, messages)  # 9
         case.new = {rid: tokens(server, texts) for rid, texts in new.items()}
         case.notes["put"] = {rid: tokens(server, [text]) for rid, text in put.items()}
         case.notes["put_chars"] = {rid: len(text) for rid, text in put.items()}
@@ -177,6 +204,16 @@ def test_an_edit_inside_a_pasted_file_is_split_as_the_server_did(
     for loss in (lc, le):  # the server's counts and its tokenizer, no estimate
         assert loss["ms"]["source"] in ("server", "tokenizer"), (loss, detail)
     assert changed["edited_chars"] >= gemma.notes["put_chars"][rid], (changed, detail)
+
+
+def test_a_same_length_rewrite_tells_the_charges_apart(gemma: Case, gemma_full: Case) -> None:
+    """The rewritten functions are new content though the message grew by nothing: had
+    they been charged as old content, the client's part would be off by more than the
+    tolerance."""
+    client, _, detail = _truth(gemma, gemma_full, REWRITE_B)
+    assert gemma_full.notes["put"][REWRITE_B] > TOLERANCE * client, detail
+    (changed,) = gemma.row(REWRITE_B)["changed"]
+    assert changed["chars_before"] == changed["chars_after"], changed
 
 
 @pytest.mark.parametrize("mode", ["digest", "tokenized"])
