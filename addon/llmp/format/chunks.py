@@ -10,7 +10,7 @@ deletion moves only the cuts around it, because a cut depends on the few dozen
 characters before it, not on its distance from the start.  So the first chunk that
 differs places where the change begins (R31's P inside the message) within one
 chunk, and the chunks that match again from the end say where it stops: the
-changed span, which is the new content of an edited message (a replaced line in
+changed span, where an edited message's new content lies (a block rewritten in
 the middle of a pasted file, not only what the message grew by).
 
 Fixed places (a hash of the first s, 2s, 3s ... characters) would place the
@@ -44,8 +44,8 @@ The rule, which any reader can apply to a text:
   digits a chunk from the string's length: another producer may keep more).
   The last digits, not the first: FNV-1a's low 16 bits are a hash of every
   byte on their own (xor, then a multiplication by an odd number, both
-  one-to-one on them), so two chunks one byte apart never share them, while a
-  change in a chunk's last byte hardly reaches its top bits;
+  one-to-one on them), so two chunks that differ in a single byte never share
+  them, while a change in a chunk's last byte hardly reaches its top bits;
   `{"size": T, "ends": [e1, e2, ...], "hashes": "h1h2..."}`, one object a size,
   the finest first.
 
