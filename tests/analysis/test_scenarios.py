@@ -103,10 +103,13 @@ def test_changed_system_prompt(tmp_path: Path, mode: str) -> None:
     r = rows_by_id(rep)
     assert r[4]["break_cause"] == "system_changed"
     # R31: the break begins where the date was appended, near the end of the one system
-    # message (a digest knows its last 256 characters changed), not at the message's start.
+    # message (its chunks place it within one, format.chunks), not at the message's start.
     system = r[4]["composition"]["system"]["value"]
     assert 0 < system - r[4]["prefix_tokens"] <= 0.25 * system
-    assert 0 < r[4]["predicted_reuse"] <= r[4]["observed_reuse"]
+    kept = r[4]["changed"][0]["kept_chars"]
+    assert len(sc.SYSTEM) - 4 * 64 <= kept <= len(sc.SYSTEM)  # at or before the change
+    # In tokens P is the kept characters' share of an estimate: exact up to its margin.
+    assert 0 < r[4]["predicted_reuse"] <= 1.1 * r[4]["observed_reuse"]
     assert r[4]["cause"] == "structural"
     assert r[4]["lost_external"] is None
     lc = r[4]["lost_client"]

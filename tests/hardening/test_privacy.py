@@ -94,7 +94,8 @@ def openai_body(stream: bool) -> dict[str, Any]:
                     }
                 ],
             },
-            {"role": "tool", "tool_call_id": "call_1", "content": m("tool-result")},
+            # Long enough for its chunks (format.chunks): numbers and hex digits, no text.
+            {"role": "tool", "tool_call_id": "call_1", "content": m("tool-result") * 40},
             {"role": "user", "content": m("user") + " tell me more"},
         ],
         "tools": TOOLS,
@@ -374,6 +375,12 @@ def test_digest_recording_holds_no_text_and_no_credentials(
         "user",
     ]
     assert dig["messages"][1]["chars"] == len(m("user-part"))
+    assert dig["messages"][1]["chunks"] is None  # short
+    (level,) = dig["messages"][3]["chunks"]  # long: sizes, ends and hex digits only
+    assert set(level) == {"size", "ends", "hashes"} and set(level["hashes"]) <= set(
+        "0123456789abcdef"
+    )
+    assert all(type(v) is int for v in (level["size"], *level["ends"]))
     assert dig["tools"][0]["name"] == "get_weather" and dig["params"]["grammar"] is True
     out = first["response"]["digest"]["output"]
     assert out["content_chars"] == len(m("reply")) and out["reasoning_chars"] == len(m("reasoning"))

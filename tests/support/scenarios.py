@@ -79,13 +79,20 @@ class LlamaServer:
     ms_per_token: float = 2.0
     ms_per_gen: float = 15.0
     checkpoint: int = 0  # > 0: reuse only up to a multiple of this (SWA checkpoints)
+    swa: bool = False
+    """A sliding-window cache without `--swa-full`: after a change it cannot go back, and
+    re-reads from 0 (R31), or from its last checkpoint before the change (`swa_every`);
+    a prompt that extends the slot's last one reuses it all."""
+    swa_every: int = 0
     slots: list[list[str]] = field(default_factory=list)
     _used: list[int] = field(default_factory=list)
+    _prompts: list[int] = field(default_factory=list)
     _gen: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
         self.slots = [[] for _ in range(self.np)]
         self._used = [0] * self.np
+        self._prompts = [0] * self.np
 
     def reset(self) -> None:
         """A restart: every slot empty."""
@@ -100,10 +107,13 @@ class LlamaServer:
         cache_n = min(lcp(self.slots[best], prompt), len(prompt) - 1)
         if self.checkpoint:
             cache_n -= cache_n % self.checkpoint
+        if self.swa and cache_n < self._prompts[best]:
+            cache_n -= cache_n % self.swa_every if self.swa_every else cache_n
         n_gen = max(1, math.ceil(reply_chars / 4))
         g = next(self._gen)
         self.slots[best] = prompt + [f"gen{g}:{i}" for i in range(n_gen)]
         self._used[best] = g + 1
+        self._prompts[best] = len(prompt)
         prompt_n = len(prompt) - cache_n
         return Outcome(
             len(prompt),

@@ -195,6 +195,7 @@ def msg_digests(msgs: list[dict[str, Any]]) -> list[Msg]:
             m.get("tool_calls"),
             m.get("tool_call_id"),
             m.get("name"),
+            m.get("chunks"),
         )
         for m in msgs
     ]

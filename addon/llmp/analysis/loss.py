@@ -7,7 +7,7 @@ each lost token to a cause.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from llmp.analysis.causes import (
     HISTORY_REWRITTEN,
@@ -39,6 +39,7 @@ from llmp.analysis.linking import (
 from llmp.analysis.rows import Loss
 from llmp.apis.base import EDGE_CHARS
 from llmp.apis.servers import SHARED, UNKNOWN, Server
+from llmp.format.chunks import locate
 from llmp.format.measure import (
     ESTIMATE,
     MV,
@@ -111,6 +112,9 @@ class Structure:
     volatile: int = 0
     """A volatile head: what a new conversation re-read because only its head changed."""
     within: int = 0
+    within_slack: int | None = None
+    """How far past `within` the change may begin, when the chunks placed it (None: a
+    guess from the ends of the message)."""
     before: int | None = None
     """How many whole messages come before the break (R31's P counts their template tokens)."""
     messages: int = 0
@@ -213,10 +217,10 @@ def compare(ex: Exchange, link: Link | None, cfg: Config, head_is_free: bool = F
                 st.rerender = int(system[0] + tools[0] + ex.range_tokens(nsys, a)[0])
                 st.rerender_msgs = a
         return st
-    _where_it_broke(ex, st, link, ps)
+    _where_it_broke(ex, st, link, ps, cfg.estimate_margin)
     if _is_compaction(ex, st, link, cfg):
         st.compaction = True
-        st.within = 0
+        st.within, st.within_slack = 0, None
         _volatile_head(ex, st, last, ps, sys_eq, tools_eq, cfg)
         return st
     st.prefix += st.within
@@ -244,19 +248,21 @@ def _history_and_new(ex: Exchange, link: Link, system: MV) -> tuple[MV, MV]:
     return (0, system[1]), ex.range_tokens(nsys, n)
 
 
-def _where_it_broke(ex: Exchange, st: Structure, link: Link, ps: int) -> None:
+def _where_it_broke(ex: Exchange, st: Structure, link: Link, ps: int, margin: float) -> None:
     """R31's P for a break: the whole messages before it (`before`), and the kept part of
-    the first changed one (`within`)."""
+    the first changed one (`within`, `within_slack`)."""
     nsys, k, last = ex.n_sys, link.k, link.conv.last
     if st.break_cause == SYSTEM_CHANGED:
         st.before = ps
         if ps < nsys and ps < len(last.sys):
-            st.within = _kept_within(ex, ps, last, ps)
-    elif st.break_cause == HISTORY_REWRITTEN and link.mode in (CONTINUATION, PREFIX):
+            st.within, st.within_slack = _kept_within(ex, ps, last, ps, margin)
+    elif st.break_cause == HISTORY_REWRITTEN and link.mode in (CONTINUATION, PREFIX, OVERLAP):
+        # OVERLAP: the first message after the system ones changed (k is 0), and the
+        # history after it is resent (a pasted file edited, aider's rewritten repo map).
         st.before = nsys + k
         j = _old_counterpart(ex, nsys + k, last, ps, nsys, k)
         if j is not None:
-            st.within = _kept_within(ex, nsys + k, last, j)
+            st.within, st.within_slack = _kept_within(ex, nsys + k, last, j, margin)
 
 
 def _is_compaction(ex: Exchange, st: Structure, link: Link, cfg: Config) -> bool:
@@ -298,9 +304,10 @@ def _charge(
     Had the client not changed its prompt, everything up to the new content
     would have been reusable; so what follows the break point is charged,
     less the content no earlier prompt had.  A changed message is charged
-    from where it changed: only what it grew by is new (docs/analysis.md
-    §7).  The break point is the first changed system message, or the tools
-    block, or the first rewritten history message (`k` shared before it).
+    from where it changed: only its changed span is new (`_change_in`,
+    docs/analysis.md §7).  The break point is the first changed system
+    message, or the tools block, or the first rewritten history message (`k`
+    shared before it).
     """
     tok, est = ex.cumulative()
     nsys = ex.n_sys
@@ -310,7 +317,7 @@ def _charge(
     estimated = False
     first = ps if not sys_eq else nsys if not tools_eq else nsys + k
     after = fresh = 0
-    paired: dict[int, int] = {}  # old message index -> the chars of its edited version
+    paired: dict[int, int] = {}  # old message index -> its characters the edit replaced
     for i in range(first, n):
         t = tok[i + 1] - tok[i]
         estimated = estimated or est[i + 1] != est[i]
@@ -321,14 +328,14 @@ def _charge(
         if j is None:
             fresh += t
             continue
-        where = _where_changed(ex, i, last, j)
+        change = _change_in(ex, i, last, j)
         if st.changed is None:
             st.changed = []
-        st.changed.append(where)
-        rewritten = where["within"] == FIRST_256 and ex.edges(i)[2] != last.edges(j)[2]
-        fresh += _grown(t, where, rewritten)
-        if not rewritten:
-            paired[j] = where["chars_after"]
+        st.changed.append(_where_changed(ex, i, last, j, change))
+        chars = ex.edges(i)[0]
+        if chars > 0:
+            fresh += round(t * min(change.new, chars) / chars)
+        paired[j] = change.old
     if not (sys_eq and tools_eq):  # else the tools block is inside the prefix
         t = int(st.tools[0])
         st.tools_after = t
@@ -348,10 +355,10 @@ def _charge(
 def _removed(ex: Exchange, st: Structure, last: TurnState, paired: dict[int, int]) -> None:
     """What of the linked turn's prompt this one no longer holds, in estimated units.
 
-    Old messages it does not resend count whole, an edited one by what it
-    shrank, and old tools by theirs.  With the linked turn's server prompt
-    this gives the old content that is still there, which the server should
-    have kept (`_client_loss`).
+    Old messages it does not resend count whole, an edited one by what the
+    edit replaced (`_change_in`), and old tools by theirs.  With the linked
+    turn's server prompt this gives the old content that is still there,
+    which the server should have kept (`_client_loss`).
     """
     st.prev_prompt = last.prompt_server
     now = set(ex.hashes)  # strings: prepare made every hash safe to use
@@ -363,8 +370,8 @@ def _removed(ex: Exchange, st: Structure, last: TurnState, paired: dict[int, int
         total += e
         if h in now:
             continue
-        kept = paired.get(j)
-        removed += e if kept is None else estimate(max(0, chars - kept))
+        gone = paired.get(j)
+        removed += e if gone is None else estimate(min(chars, gone))
     st.old_msgs, st.removed_msgs = total, removed
     tools_now = {th for t in ex.tool_digests if t is not None and type(th := t.hash) is str}
     for t in last.tool_digests:
@@ -415,28 +422,111 @@ def _volatile_head(
         st.volatile_where = where
 
 
-def _kept_within(ex: Exchange, i: int, last: TurnState, j: int) -> int:
+def _kept_within(
+    ex: Exchange, i: int, last: TurnState, j: int, margin: float
+) -> tuple[int, int | None]:
     """The tokens of message i before the point where it first differs from the earlier
-    message j (composition units): where, inside the message, the prompt changed.
-
-    Only what a digest knows is used (R5), so a full and a digest recording charge
-    alike: a change in the first 256 characters keeps nothing, one only in the last 256
-    keeps what comes before them, and one in between keeps at least the first 256.
+    message j (composition units): where, inside the message, the prompt changed.  And,
+    when the chunks placed the change, how far past that point it may begin: the chunk
+    it falls in, and `margin` of the kept tokens, which are the message's share by
+    characters (None when they did not: the point is then a guess from the message's
+    ends).
     """
     if i >= len(ex.hashes) or j >= len(last.sys) + len(last.rest):
-        return 0
+        return 0, None
+    chars = ex.edges(i)[0]
+    if chars <= 0:
+        return 0, None
+    tok, _ = ex.cumulative()
+    tokens = tok[i + 1] - tok[i]
+    change = _change_in(ex, i, last, j)
+    within = round(tokens * change.kept / chars)
+    if change.slack is None:
+        return within, None
+    return within, round(tokens * change.slack / chars + margin * within)
+
+
+class Change(NamedTuple):
+    """Where inside a message its earlier version changed, in characters."""
+
+    kept: int
+    """Characters at its start as before: where the change begins (R31's P)."""
+    slack: int | None
+    """The change begins within `[kept, kept + slack]`; None when the chunks did not say
+    (`kept` is then a guess from the message's ends)."""
+    span: int
+    """The changed span now, after `kept`: where the chunks differ (without them, `new`)."""
+    new: int
+    """The message's new content: the span less half its first and half its last chunk
+    (now or before, whichever is less), and at least what the message grew by (without
+    the chunks, what it grew by, or all of it when both its ends changed)."""
+    old: int
+    """What the edit replaced of the earlier version: `new` less what it grew by."""
+
+
+def _change_in(ex: Exchange, i: int, last: TurnState, j: int) -> Change:
+    """Where inside message i the change from the earlier message j lies: the one home
+    of that rule, for P (`_kept_within`), the new content (`_charge`), what the edit
+    removed (`_removed`) and the report (`_where_changed`).
+
+    Only what a digest holds is used, so a full and a digest recording charge alike.
+    The chunks of a long message (`format.chunks`) place the change's start within a
+    chunk (64 characters, or 1/64 of a longer message), and its end where the chunks
+    match again: so a block rewritten in the middle of a pasted file is new content,
+    and what comes after it old.  The edit begins somewhere in the span's first chunk
+    and ends somewhere in its last, so the span less half of each counts as new (none
+    of a span of one chunk), and at least what the message grew by; of the two
+    versions, the one whose span has fewer cuts says it better (an edit just before a
+    cut moves that cut, and shows as two chunks on one side and one on the other).
+    Counting the span whole made a clock that ticked in the last chunk of a
+    2,000-token system prompt some 90 tokens of new content, 15 % of the client's
+    charge on a server that went back to the clock (tests/real/test_loss_truth.py);
+    counting only the chunks between the first and the last missed a third of a
+    rewritten block.  A head that is as before keeps at least its 256 characters.
+
+    Without the chunks (a short message, an older recording, a version whose length
+    moved too far) the head and tail hashes (R5) decide: a change in the first 256
+    characters keeps nothing, one only in the last 256 keeps what comes before them,
+    and one in between keeps the first 256; and only what the message grew by is new,
+    all of it when both ends changed (a rewrite).
+    """
     chars, head, tail = ex.edges(i)
     ochars, ohead, otail = last.edges(j)
-    if chars <= 0:
-        return 0
+    old_chunks = last.msgs[j].chunks if j < len(last.msgs) else None
+    found = locate(chars, ex.msgs[i].chunks, ochars, old_chunks)
+    grown = chars - ochars
+    f = found
+    if f is not None:
+        lift = 0
+        if head == ohead and f.kept < EDGE_CHARS <= min(chars, ochars):
+            # The change begins after the head.
+            lift = min(EDGE_CHARS - f.kept, f.slack, f.first, f.old_first)
+        guess = min(
+            _midway(f.new, f.first, f.last, lift),
+            _midway(f.old, f.old_first, f.old_last, lift) + grown,
+        )
+        span = f.new - lift
+        new = max(0, min(span, max(grown, round(guess))))
+        return Change(f.kept + lift, f.slack - lift, span, new, max(0, new - grown))
     if head != ohead:
         kept = 0
     elif tail != otail:
         kept = max(0, min(chars, ochars) - EDGE_CHARS)
     else:
         kept = min(chars, EDGE_CHARS)
-    tok, _ = ex.cumulative()
-    return round((tok[i + 1] - tok[i]) * min(kept, chars) / chars)
+    if head != ohead and tail != otail:
+        return Change(0, None, chars, chars, ochars)
+    new = max(0, grown)
+    return Change(min(kept, chars), None, new, new, max(0, -grown))
+
+
+def _midway(span: int, first: int, last: int, lift: int) -> float:
+    """A changed span less half its first and half its last chunk (characters), the
+    first `lift` characters of it known to be as before: where inside the two the edit
+    begins and ends is not known.  0 for a span of one chunk or none."""
+    if first >= span:
+        return 0.0
+    return span - lift - (first - lift + last) / 2
 
 
 def _old_counterpart(
@@ -457,12 +547,16 @@ def _old_counterpart(
     return None
 
 
-def _where_changed(ex: Exchange, i: int, last: TurnState, j: int) -> dict[str, Any]:
+def _where_changed(
+    ex: Exchange, i: int, last: TurnState, j: int, change: Change | None = None
+) -> dict[str, Any]:
     """Where message i differs from the earlier message j: no text in digest mode.
 
     `within` says which part changed first, from the head and tail hashes
-    (R5): its first 256 characters, only its last 256, or in between.  In
-    full mode `offset` is the first differing character and `context` and
+    (R5): its first 256 characters, only its last 256, or in between;
+    `kept_chars`, how many characters at its start the digest shows unchanged,
+    and `edited_chars`, how many after them it shows changed (`_change_in`).
+    In full mode `offset` is the first differing character and `context` and
     `was` a few characters around it, now and before.  The charge does not
     use them, so a full and a digest recording charge alike.
     """
@@ -474,6 +568,8 @@ def _where_changed(ex: Exchange, i: int, last: TurnState, j: int) -> dict[str, A
         within = LAST_256
     else:
         within = BETWEEN
+    if change is None:
+        change = _change_in(ex, i, last, j)
     role = ex.msgs[i].role
     out: dict[str, Any] = {
         "index": i,
@@ -481,6 +577,8 @@ def _where_changed(ex: Exchange, i: int, last: TurnState, j: int) -> dict[str, A
         "within": within,
         "chars_before": ochars,
         "chars_after": chars,
+        "kept_chars": change.kept,
+        "edited_chars": change.span,
         "offset": None,
         "context": None,
         "was": None,
@@ -492,19 +590,6 @@ def _where_changed(ex: Exchange, i: int, last: TurnState, j: int) -> dict[str, A
         out["context"] = new[max(0, off - CONTEXT_BEFORE) : off + CONTEXT_AFTER]
         out["was"] = was[max(0, off - CONTEXT_BEFORE) : off + CONTEXT_AFTER]
     return out
-
-
-def _grown(tokens: int, where: dict[str, Any], rewritten: bool) -> int:
-    """The new part of a changed message's tokens.
-
-    What it grew by, when one end of it is unchanged (an edit: a clock, a
-    cut, an appended line); all of it when both ends changed (a rewrite).
-    """
-    chars = where["chars_after"]
-    if not chars:
-        return 0
-    added = chars if rewritten else max(0, chars - where["chars_before"])
-    return round(tokens * min(chars, added) / chars)
 
 
 def _new_tools_tokens(ex: Exchange, last: TurnState) -> int:
@@ -985,11 +1070,17 @@ def _where_the_server_had_to_go(
     assert st.prefix is not None
     p_cut = p_srv
     if st.within and scaled:
-        # Where in the changed message the change falls is known only roughly in a
-        # digest; a server that reused past the message's start has shown it can go
-        # back to any position, and its own reuse is where the change began.
-        p_msg = (st.prefix - st.within) * factor
-        if reused > p_msg + tol:
+        # Where in the changed message the change falls is known only roughly from the
+        # ends of a digest's message; a server that reused past the message's start has
+        # shown it can go back to any position, and its own reuse is where the change
+        # began.  Where the chunks placed the change, only a reuse that reaches it
+        # (within its slack) shows that: one short of it is a checkpoint before it,
+        # which a sliding-window cache restores (R31).
+        if st.within_slack is not None:
+            went_back = reused >= p_srv - max(tol, st.within_slack * factor)
+        else:
+            went_back = reused > (st.prefix - st.within) * factor + tol
+        if went_back:
             v.rolled_back = True
             p_cut = min(p_srv, reused)
     if rolls_back and charged and p_src != TOKENIZER and (btw is None or not btw.would_cause):

@@ -6,7 +6,8 @@ response digest, and the counters the analyzer reads from its responses.
 Each one subclasses `ChatApi`; `llmp.apis` lists them.
 
 The message digest shape (R4, R5) is the same for every API: a role, an
-identity hash, the size of the text and the hashes of its two ends.  Each
+identity hash, the size of the text and the hashes of its two ends (and, for a
+long text, its content-defined chunks: `llmp.format.chunks`).  Each
 API decides what its identity value and its text are; `digest_message`
 turns those into the digest.
 """
@@ -28,6 +29,7 @@ from llmp.format.canonical import (
     tagged_text,
     tagged_value,
 )
+from llmp.format.chunks import chunks_of
 from llmp.format.measure import MV, SERVER
 from llmp.format.schema import (
     CacheBreakpoint,
@@ -777,7 +779,11 @@ def digest_message(
     tool_call_id: Any = None,
     name: Any = None,
 ) -> MessageDigest:
-    """A message digest from its identity value (hashed as canonical JSON) and its text."""
+    """A message digest from its identity value (hashed as canonical JSON) and its text.
+
+    A long text also keeps its chunks (`format.chunks`): where inside it a later version
+    changed, and where that change ends.
+    """
     head, tail = edge_hashes(text)
     return {
         "role": role,
@@ -788,6 +794,7 @@ def digest_message(
         "tool_calls": tool_calls,
         "tool_call_id": tool_call_id,
         "name": name,
+        "chunks": chunks_of(text),
     }
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "CallRef",
     "DigestRecord",
     "FastCache",
+    "FastChunks",
     "FastMsg",
     "FastTool",
     "Histories",
@@ -82,6 +83,9 @@ class Msg(msgspec.Struct, gc=False):
     tool_calls: Any = None
     tool_call_id: Any = None
     name: Any = None
+    chunks: Any = None
+    """A long text's chunks (`format.chunks`): a list of objects from the plain path,
+    of `FastChunks` from the fast one; absent in older recordings."""
 
 
 class ToolDef(msgspec.Struct, gc=False):
@@ -103,6 +107,15 @@ class CallRef(_Strict):
     name: str | None = None
 
 
+class FastChunks(_Strict):
+    """A long text's chunks of one size (`format.chunks`); `format.chunks.locate` reads
+    these as it reads the plain path's objects."""
+
+    size: Int
+    ends: tuple[Int, ...]
+    hashes: str
+
+
 class FastMsg(Msg, forbid_unknown_fields=True):
     role: str
     hash: str
@@ -113,6 +126,7 @@ class FastMsg(Msg, forbid_unknown_fields=True):
     """A tuple: the empty one is shared, most messages call no tool."""
     tool_call_id: str | None = None
     name: str | None = None
+    chunks: tuple[FastChunks, ...] | None = None
 
 
 class FastTool(ToolDef, forbid_unknown_fields=True):

@@ -73,6 +73,15 @@ class ToolCallRef(TypedDict):
     name: Any
 
 
+class ChunkLevel(TypedDict):
+    """A long text's chunks of one size (`format.chunks`): where each ends, and the
+    first hex digits of each one's FNV, one after the other."""
+
+    size: int
+    ends: list[int]
+    hashes: str
+
+
 class MessageDigest(TypedDict):
     role: Any
     hash: str
@@ -82,6 +91,7 @@ class MessageDigest(TypedDict):
     tool_calls: list[ToolCallRef]
     tool_call_id: Any
     name: Any
+    chunks: list[ChunkLevel] | None  # additive: a long text's chunks (format.chunks)
 
 
 class ToolDigest(TypedDict):
