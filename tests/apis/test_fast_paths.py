@@ -321,6 +321,11 @@ def test_the_cache_is_bounded_in_bytes() -> None:
     assert cache.get(b"x" * 1000 + b"0") is None  # the oldest went first
     cache.put(b"y" * 20_000, {"i": -1})
     assert cache.get(b"y" * 20_000) is None  # larger than the whole cache: not kept
+    # A long message's entry counts its chunk lists too (about 1-2 KB beyond its bytes).
+    short, long = DigestCache(max_bytes=100_000), DigestCache(max_bytes=100_000)
+    short.put(b"s" * 400, {})
+    long.put(b"l" * 600, {})
+    assert long.size - short.size > 200 + 1000
 
 
 def test_a_growing_conversation_hits_all_but_the_new_messages() -> None:

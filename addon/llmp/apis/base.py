@@ -29,7 +29,7 @@ from llmp.format.canonical import (
     tagged_text,
     tagged_value,
 )
-from llmp.format.chunks import chunks_of
+from llmp.format.chunks import LONG_CHARS, chunks_of
 from llmp.format.measure import MV, SERVER
 from llmp.format.schema import (
     CacheBreakpoint,
@@ -473,6 +473,9 @@ class Marks(NamedTuple):
 CACHE_BYTES = 16 << 20
 """What a `DigestCache` holds at most: its keys' bytes, and `ENTRY_BYTES` per entry."""
 ENTRY_BYTES = 512
+CHUNKS_BYTES = 2048
+"""More per entry whose message is long enough to keep chunks (`format.chunks`): its
+lists of ends and hashes, about 1-2 KB (at most 128 chunks a size)."""
 """About what a message digest costs in memory, beside its key."""
 
 
@@ -498,8 +501,13 @@ class DigestCache:
             self._map[key] = digest  # now the most recent
         return digest
 
+    @staticmethod
+    def cost(key: bytes) -> int:
+        """What an entry holds, as far as the bound counts it."""
+        return len(key) + ENTRY_BYTES + (CHUNKS_BYTES if len(key) > LONG_CHARS else 0)
+
     def put(self, key: bytes, digest: Any) -> None:
-        cost = len(key) + ENTRY_BYTES
+        cost = self.cost(key)
         if cost > self.max_bytes:
             return
         if key in self._map:
@@ -509,7 +517,7 @@ class DigestCache:
         while self.size > self.max_bytes:
             old = next(iter(self._map))
             del self._map[old]
-            self.size -= len(old) + ENTRY_BYTES
+            self.size -= self.cost(old)
 
     def __len__(self) -> int:
         return len(self._map)
