@@ -61,14 +61,14 @@ def _edit(lines: list[str], where: float, how: str) -> tuple[list[str], int]:
 
 
 def _traffic(
-    server: sc.LlamaServer, where: float = 0.5, how: str = INSERT
+    server: sc.LlamaServer, where: float = 0.5, how: str = INSERT, text: str | None = None
 ) -> tuple[sc.Traffic, int, int]:
-    """Three turns; the third edits the pasted file at `where` of its lines.  Also
-    returns the character at which the message changed, and how many of its characters
-    the edit put there."""
+    """Three turns; the third edits the pasted file (`text`, else `pasted_file()`) at
+    `where` of its lines.  Also returns the character at which the message changed, and
+    how many of its characters the edit put there."""
     tr = sc.Traffic()
     a = sc.Agent(tr, server, tools=None)
-    lines = pasted_file().split("\n")
+    lines = (text or pasted_file()).split("\n")
     before = "Here is the module I am working on:\n"
     a.turn(before + "\n".join(lines), "It defines 180 import stages.")
     a.turn("Which stage scales by 6?", REPLY_2)
@@ -82,13 +82,13 @@ def _traffic(
     return tr, changed_at, span
 
 
-def _truth(where: float, how: str = INSERT) -> tuple[int, int, int, int]:
+def _truth(where: float, how: str = INSERT, text: str | None = None) -> tuple[int, int, int, int]:
     """The server's part (P less what the window cache reused), and the client's (what a
     cache that can go back re-read, less the new content: the new messages and what the
     edit put in), from the servers' counts; where the message changed, and how many of
     its characters the edit put there."""
-    swa, _, _ = _traffic(sc.LlamaServer(swa=True), where, how)
-    full, changed_at, span = _traffic(sc.LlamaServer(), where, how)
+    swa, _, _ = _traffic(sc.LlamaServer(swa=True), where, how, text)
+    full, changed_at, span = _traffic(sc.LlamaServer(), where, how, text)
     a, b = swa.records[EDIT_ROW - 1], full.records[EDIT_ROW - 1]
     reused = b["response"]["body"]["timings"]["cache_n"]
     read = b["response"]["body"]["timings"]["prompt_n"]
@@ -217,3 +217,20 @@ def test_without_chunks_the_old_rule_stands(tmp_path: Path) -> None:
     assert changed["edited_chars"] == len(NOTE) + 1  # what it grew by
     assert row["lost_external"]["cause"] == "server_no_rollback"
     assert row["lost_external"]["tokens"] < 0.5 * server_truth
+
+
+def test_a_text_too_regular_to_cut_by_content(tmp_path: Path) -> None:
+    """Lines all alike give the rolling hash no cut, so only the length limit cuts, and
+    every cut after an inserted line moves with it: the chunks never match again.  The
+    end of the message is as before (R5's tail), so the span is no measure of the edit:
+    only what the message grew by is new, and the client is charged the old text after
+    the edit, as the server re-read it."""
+    text = "\n".join(["Read before you edit."] * 280)
+    server_truth, client_truth, changed_at, _ = _truth(0.5, INSERT, text)
+    tr, _, _ = _traffic(sc.LlamaServer(swa=True), 0.5, INSERT, text)
+    row = rows_by_id(analyse(tr, tmp_path, "digest"))[EDIT_ROW]
+    (changed,) = row["changed"]
+    assert changed["kept_chars"] + changed["edited_chars"] == changed["chars_after"]  # no match
+    assert changed["kept_chars"] <= changed_at
+    _near(row["lost_client"]["tokens"], client_truth, "client part")
+    _near(row["lost_external"]["tokens"], server_truth, "server part")

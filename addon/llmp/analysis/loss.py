@@ -482,7 +482,10 @@ def _change_in(ex: Exchange, i: int, last: TurnState, j: int) -> Change:
     2,000-token system prompt some 90 tokens of new content, 15 % of the client's
     charge on a server that went back to the clock (tests/real/test_loss_truth.py);
     counting only the chunks between the first and the last missed a third of a
-    rewritten block.  A head that is as before keeps at least its 256 characters.
+    rewritten block.  A head that is as before keeps at least its 256 characters.  When
+    the chunks never match again although the last 256 characters are the same (a text
+    so regular that only the length limit cut it, so the cuts moved with the edit), only
+    what the message grew by is new.
 
     Without the chunks (a short message, an older recording, a version whose length
     moved too far) the head and tail hashes (R5) decide: a change in the first 256
@@ -506,6 +509,13 @@ def _change_in(ex: Exchange, i: int, last: TurnState, j: int) -> Change:
             _midway(f.old, f.old_first, f.old_last, lift) + grown,
         )
         span = f.new - lift
+        if tail == otail and f.kept + f.new == chars and f.kept + f.old == ochars:
+            # The chunks never matched again, yet the last 256 characters are as before:
+            # a text too regular for the rolling hash to cut was cut by length alone, so
+            # every cut after the edit moved with it.  The span says nothing of the edit's
+            # size; only what the message grew by is known to be new.
+            new = max(0, grown)
+            return Change(f.kept + lift, f.slack - lift, span, new, max(0, -grown))
         new = max(0, min(span, max(grown, round(guess))))
         return Change(f.kept + lift, f.slack - lift, span, new, max(0, new - grown))
     if head != ohead:
