@@ -20,10 +20,16 @@ from typing import Any
 import msgspec
 import pytest
 
-from llmp.analysis import analyze
+from llmp.analysis import analyze, loss
+from llmp.analysis.causes import SYSTEM_CHANGED
+from llmp.analysis.config import Config
 from llmp.analysis.exchange import Digested, read_record
+from llmp.analysis.loss import Structure
+from llmp.apis.base import Counts
+from llmp.apis.servers import LLAMA_SERVER, VLLM_CPU, Server
 from llmp.format.chunks import size_of
 from llmp.format.lines import parse_line
+from llmp.format.measure import ESTIMATE
 from tests.support import scenarios as sc
 from tests.support.scenarios import analyse, rows_by_id, value
 
@@ -234,3 +240,28 @@ def test_a_text_too_regular_to_cut_by_content(tmp_path: Path) -> None:
     assert changed["kept_chars"] <= changed_at
     _near(row["lost_client"]["tokens"], client_truth, "client part")
     _near(row["lost_external"]["tokens"], server_truth, "server part")
+
+
+def _clock_at_the_end(server: Server) -> tuple[Any, Any]:
+    """A clock at the end of a 1,000-token system prompt changed (estimated units, P
+    placed by its chunks to within 12), but the server's tokenizer packs the system text
+    looser than the rest: P scaled by the prompt's overall ratio lands some 300 tokens
+    past where the server's own tokens change.  The server reused 640, five blocks."""
+    st = Structure((1000, ESTIMATE), (0, ESTIMATE), (200, ESTIMATE), (40, ESTIMATE), linked=True)
+    st.prefix, st.within, st.within_slack = 990, 980, 12
+    st.break_cause, st.after, st.fresh, st.messages, st.before = SYSTEM_CHANGED, 250, 40, 5, 0
+    counts = Counts.server(1240, 8, 640, 600)
+    return st, loss.losses(st, counts, None, Config(), server=server)
+
+
+def test_a_shared_cache_goes_back_to_the_block_before_the_change() -> None:
+    """vLLM keeps every whole block of a prompt, so it re-reads from the block before the
+    change wherever an estimate put it: reuse short of the estimated P, inside the changed
+    message, is the estimate's error, not the server's loss (the real vLLM's clock,
+    tests/real/test_vllm.py).  A slot cache that was never seen going back is held to
+    the estimate: the same counts charge it."""
+    _, shared = _clock_at_the_end(VLLM_CPU)
+    assert shared.lost_external is None
+    assert shared.lost_client is not None and shared.lost_client.tokens == 600 - 40
+    _, slot = _clock_at_the_end(LLAMA_SERVER)
+    assert slot.lost_external is not None and slot.lost_external.tokens > 128

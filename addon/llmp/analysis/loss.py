@@ -964,7 +964,9 @@ def losses(
     `st` loses its tools block first when the template did not render it
     (`drop_unrendered_tools`); the row's composition is taken from `st` after.
     `rolls_back`: the served model was seen going back into a changed message before
-    (`Verdict.rolled_back`), so its cache can return to any position (R31).
+    (`Verdict.rolled_back`), so its cache can return to any position (R31).  A shared
+    prefix cache (vLLM, SGLang) always can: it keeps every whole block of a prompt, so
+    it re-reads from the last block boundary before the change whatever the model.
     `down`: the server was found down since the linked turn (a restart empties the
     cache whatever the model), so a shortfall keeps its own kind, not R31's.
     `server`: the program that answered (`apis.servers`).  A shared cache (vLLM, SGLang)
@@ -1000,6 +1002,7 @@ def losses(
         v.predicted_reuse = round(min(1.0, st.prefix / total), 4)
 
     tol = cfg.reuse_tolerance_tokens
+    rolls_back = rolls_back or server.cache == SHARED
     if st.volatile:
         # R38: a new conversation (or a compaction) that re-read what the server held,
         # only because the prompt's head changed, is charged on its row.
