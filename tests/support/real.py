@@ -116,13 +116,108 @@ def supports(server: str, flag: str) -> bool:
     return any(word.strip(",") == flag for line in text.splitlines() for word in line.split())
 
 
-class LlamaServer:
+class ServerProcess:
+    """A server subprocess on 127.0.0.1 and a free port that logs to a file (never a
+    pipe, which could fill and block it) and is ready when ``GET /health`` answers 200.
+
+    One home for starting, waiting and reading the log: a subclass gives its command,
+    its name and error for messages, and, where it needs them, its environment and
+    working folder."""
+
+    name = "server"
+    error: type[RuntimeError] = RuntimeError
+    poll_every = 0.1
+    """Seconds between health checks while it starts."""
+    log_path: Path
+    timeout: float
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self) -> dict[str, str] | None:
+        """None: the tests' own environment."""
+        return None
+
+    def workdir(self) -> Path | None:
+        """None: the tests' own working folder."""
+        return None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_bytes().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+
+    def _health(self) -> int | None:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except (OSError, ValueError):
+            return None
+
+    def _failed(self, why: str) -> RuntimeError:
+        return self.error(
+            f"{self.name} {why}\ncommand: {self.command()}\n--- log ---\n{self.log_text()[-4000:]}"
+        )
+
+    def start(self) -> Self:
+        if self.proc is not None:
+            raise self.error("already started")
+        self.port = free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.environment(),
+                cwd=self.workdir(),
+                start_new_session=True,  # its own process group: stopped with it
+            )
+        deadline = time.monotonic() + self.timeout
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    why = f"exited with {self.proc.returncode} before it was ready"
+                    raise self._failed(why)
+                if self._health() == 200:
+                    return self
+                if time.monotonic() > deadline:
+                    raise self._failed(f"not healthy after {self.timeout:.0f}s")
+                time.sleep(self.poll_every)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, timeout: float = 15.0) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LlamaServer(ServerProcess):
     """A ``llama-server`` subprocess on 127.0.0.1 and a free port.
 
     ``ctx`` is the context size (``-c``); ``parallel`` the slots (``-np``).
     ``cache_ram=0`` turns off the host-memory prompt cache (when the build has
     ``--cache-ram``). ``extra_args`` are appended as given.
     """
+
+    name = "llama-server"
+    error = LlamaServerError
 
     def __init__(
         self,
@@ -153,8 +248,6 @@ class LlamaServer:
             self._tmp = tempfile.TemporaryDirectory(prefix="llmp-llama-")
             log_path = Path(self._tmp.name) / "llama-server.log"
         self.log_path = log_path
-        self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
         server = str(self.server)
@@ -180,58 +273,6 @@ class LlamaServer:
                 cmd.append(flag)
         return cmd + self.extra_args
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_bytes().decode("utf-8", "replace")
-        except FileNotFoundError:
-            return ""
-
-    def _health(self) -> int | None:
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
-                return int(resp.status)
-        except urllib.error.HTTPError as exc:
-            return int(exc.code)
-        except (OSError, ValueError):
-            return None
-
-    def start(self) -> Self:
-        if self.proc is not None:
-            raise LlamaServerError("already started")
-        self.port = free_port()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                self.command(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + self.timeout
-        try:
-            while True:
-                if self.proc.poll() is not None:
-                    raise LlamaServerError(
-                        f"llama-server exited with {self.proc.returncode} before it was ready\n"
-                        f"command: {self.command()}\n--- log ---\n{self.log_text()[-4000:]}"
-                    )
-                if self._health() == 200:
-                    return self
-                if time.monotonic() > deadline:
-                    raise LlamaServerError(
-                        f"llama-server not healthy after {self.timeout:.0f}s\n"
-                        f"command: {self.command()}\n--- log ---\n{self.log_text()[-4000:]}"
-                    )
-                time.sleep(0.1)
-        except BaseException:
-            self.stop()
-            raise
-
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM, then SIGKILL if it does not exit in time."""
         proc = self.proc
@@ -251,9 +292,6 @@ class LlamaServer:
             if self._tmp is not None:
                 self._tmp.cleanup()
                 self._tmp = None
-
-    def __enter__(self) -> Self:
-        return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()

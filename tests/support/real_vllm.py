@@ -24,16 +24,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Self
 
 import pytest
 
-from tests.support.real import free_port
+from tests.support.real import ServerProcess
 
 PYTHON_ENV = "LLMP_VLLM_PYTHON"
 MODEL_ENV = "LLMP_VLLM_MODEL"
@@ -73,8 +71,12 @@ def real_vllm_marks() -> list[pytest.MarkDecorator]:
     ]
 
 
-class VllmServer:
+class VllmServer(ServerProcess):
     """The real vLLM's OpenAI server as a subprocess, its caches under `folder`."""
+
+    name = "vLLM"
+    error = VllmServerError
+    poll_every = 0.5
 
     def __init__(
         self,
@@ -93,8 +95,6 @@ class VllmServer:
         self.extra_args = list(extra_args)
         self.timeout = timeout
         self.log_path = folder / "vllm.log"
-        self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
         cmd = [
@@ -122,6 +122,9 @@ class VllmServer:
         if self.kv_cache_bytes is not None:
             cmd += ["--kv-cache-memory-bytes", self.kv_cache_bytes]
         return cmd + self.extra_args
+
+    def workdir(self) -> Path:
+        return self.folder
 
     def environment(self) -> dict[str, str]:
         """Its own folders for every cache and socket; no Hub, no usage report."""
@@ -151,25 +154,6 @@ class VllmServer:
             env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override the flag
         return env
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_bytes().decode("utf-8", "replace")
-        except FileNotFoundError:
-            return ""
-
-    def _health(self) -> int | None:
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
-                return int(resp.status)
-        except urllib.error.HTTPError as exc:
-            return int(exc.code)
-        except (OSError, ValueError):
-            return None
-
     def metrics(self) -> dict[str, float]:
         """vLLM's prefix-cache counters from `/metrics` (tokens; summed over labels)."""
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as resp:
@@ -181,41 +165,6 @@ class VllmServer:
                 key = name.split("{", 1)[0]
                 out[key] = out.get(key, 0.0) + float(value)
         return out
-
-    def start(self) -> Self:
-        if self.proc is not None:
-            raise VllmServerError("already started")
-        self.port = free_port()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                self.command(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.environment(),
-                cwd=self.folder,
-                start_new_session=True,  # its engine process is in its group: stopped with it
-            )
-        deadline = time.monotonic() + self.timeout
-        try:
-            while True:
-                if self.proc.poll() is not None:
-                    raise VllmServerError(
-                        f"vLLM exited with {self.proc.returncode} before it was ready\n"
-                        f"command: {self.command()}\n--- log ---\n{self.log_text()[-4000:]}"
-                    )
-                if self._health() == 200:
-                    return self
-                if time.monotonic() > deadline:
-                    raise VllmServerError(
-                        f"vLLM not healthy after {self.timeout:.0f}s\n"
-                        f"command: {self.command()}\n--- log ---\n{self.log_text()[-4000:]}"
-                    )
-                time.sleep(0.5)
-        except BaseException:
-            self.stop()
-            raise
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM to its process group (the server and its engine), then SIGKILL."""
@@ -236,9 +185,3 @@ class VllmServer:
             pass
         if proc.poll() is None:
             proc.wait(10)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
