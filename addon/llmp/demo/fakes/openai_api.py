@@ -130,7 +130,7 @@ import base64
 import hashlib
 import json
 import time
-from typing import Any, Self
+from typing import Any
 
 from llmp.apis.providers import openai_explicit
 from llmp.demo.fakes.exchange import Exchange
@@ -164,7 +164,7 @@ from llmp.demo.fakes.openai_prompt import (
     responses_settings,
 )
 from llmp.demo.fakes.provider_cache import CacheDecision, Clock, ProviderCache
-from llmp.demo.fakes.raw import App, RawServer
+from llmp.demo.fakes.raw import App
 from llmp.demo.fakes.responder import Responder
 from llmp.demo.fakes.responses import to_chat
 
@@ -246,13 +246,6 @@ class OpenAIAPI(App):
                 ("GET", "/v1/models"): self._models,
             }
         )
-
-    @classmethod
-    def of(cls, server: RawServer) -> Self:
-        """The app of a running fake (``OpenAIAPI.of(upstream)``)."""
-        if not isinstance(server.app, cls):
-            raise TypeError(f"{server!r} does not serve {cls.__name__}")
-        return server.app
 
     @property
     def clock(self) -> Clock:

@@ -44,7 +44,7 @@ import json
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any
 
 from llmp.apis.providers import (
     ANTHROPIC,
@@ -74,7 +74,7 @@ from llmp.demo.fakes.provider_cache import (
     ProviderCache,
     Segment,
 )
-from llmp.demo.fakes.raw import App, RawServer
+from llmp.demo.fakes.raw import App
 from llmp.demo.fakes.responder import Responder
 
 PROCESSING = b": OPENROUTER PROCESSING\n\n"
@@ -166,12 +166,6 @@ class OpenRouter(App):
         self._turn = 0
         for path in ("/api/v1/chat/completions", "/v1/chat/completions"):
             self.add_routes({("POST", path): self._chat})
-
-    @classmethod
-    def of(cls, server: RawServer) -> Self:
-        if not isinstance(server.app, cls):
-            raise TypeError(f"{server!r} does not serve {cls.__name__}")
-        return server.app
 
     @property
     def clock(self) -> Clock:

@@ -35,6 +35,13 @@ class App:
     def __init__(self) -> None:
         self.routes: dict[tuple[str, str], Handler] = {}
 
+    @classmethod
+    def of(cls, server: RawServer) -> Self:
+        """The app of a running fake (``OpenAIAPI.of(upstream)``)."""
+        if not isinstance(server.app, cls):
+            raise TypeError(f"{server!r} does not serve {cls.__name__}")
+        return server.app
+
     def add_routes(self, routes: dict[tuple[str, str], Handler]) -> None:
         """Serve more endpoints (another API of the same server)."""
         self.routes.update(routes)
