@@ -39,16 +39,21 @@ def sentence(f: dict[str, Any]) -> tuple[str, str]:
 _CONTEXT_KINDS = ("unused_tool", "large_tool_schema", "large_system_prompt")
 
 
-def readable_order(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The findings in the order the readable report says them, one per finding (the
-    unused tools of a client, which it says in one sentence, each apart)."""
+def _losses_first(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A prompt the server cut or refused, then the losses, biggest first: the head of
+    the readable order (`readable_order`, `readable_findings`)."""
     first = [f for f in findings if f["kind"] == "context_overflow"]
     losses = [
         f for f in findings if f["kind"] not in _CONTEXT_KINDS and f["kind"] != "context_overflow"
     ]
     losses.sort(key=lambda f: (-(value_of(f.get("lost_ms")) or 0), -(f.get("lost_tokens") or 0)))
-    rest = [f for f in findings if f["kind"] in _CONTEXT_KINDS]
-    return first + losses + rest
+    return first + losses
+
+
+def readable_order(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The findings in the order the readable report says them, one per finding (the
+    unused tools of a client, which it says in one sentence, each apart)."""
+    return _losses_first(findings) + [f for f in findings if f["kind"] in _CONTEXT_KINDS]
 
 
 def _losses_in(findings: list[dict[str, Any]]) -> str:
@@ -70,12 +75,7 @@ def readable_findings(findings: list[dict[str, Any]]) -> list[tuple[str, str, st
     """
     # A prompt the server cut or refused comes first: the model worked
     # without part of its prompt, which is worse than slow.
-    out = [(f["confidence"], *sentence(f)) for f in findings if f["kind"] == "context_overflow"]
-    losses = [
-        f for f in findings if f["kind"] not in _CONTEXT_KINDS and f["kind"] != "context_overflow"
-    ]
-    losses.sort(key=lambda f: (-(value_of(f.get("lost_ms")) or 0), -(f.get("lost_tokens") or 0)))
-    out += [(f["confidence"], *sentence(f)) for f in losses]
+    out = [(f["confidence"], *sentence(f)) for f in _losses_first(findings)]
     unused: dict[str, list[dict[str, Any]]] = {}
     for f in findings:
         if f["kind"] == "unused_tool":

@@ -21,6 +21,7 @@ from llmp.analysis.findings import UNREAD_CACHE_WRITES, ToolStats
 from llmp.analysis.overflow import CONTEXT_OVERFLOW
 from llmp.analysis.provider import NONE, agrees, comparable
 from llmp.analysis.rows import Labels, LossByCause, Row, join_block, join_spilled, spill_line
+from llmp.analysis.words import usd
 from llmp.apis.base import FIELDS
 from llmp.format.measure import MV, SERVER, Sum, as_json
 
@@ -350,12 +351,6 @@ class CostTotals:
             "requests_without_usage": self.without_usage,
             "streams_without_include_usage": self.unasked,
         }
-
-
-def usd(value: float) -> float:
-    """Dollars as the report writes them: to a millionth, so that sums stay exact to the
-    cent however many rows they add up."""
-    return round(value, 6)
 
 
 class Agreement:

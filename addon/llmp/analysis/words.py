@@ -39,6 +39,12 @@ def duration(ms: float | None) -> str:
     return f"{s / 3600:.1f} h"
 
 
+def usd(value: float) -> float:
+    """Dollars as the report writes them: to a millionth, so that sums stay exact to the
+    cent however many rows they add up."""
+    return round(value, 6)
+
+
 def money(usd: float | None) -> str:
     """`$1.37`, `$0.004`: dollars as a person reads them (cents from a dime up, else the
     first digits that are not zero)."""

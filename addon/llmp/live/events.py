@@ -13,7 +13,7 @@ from llmp.analysis.causes import words
 from llmp.analysis.classify import SIDE_CALL, STATELESS, TURN
 from llmp.analysis.loss import STRUCTURAL, UNDETERMINED, Between
 from llmp.analysis.rows import Loss, Row
-from llmp.analysis.words import SHAPE_WORDS, duration, join_names, money, n_of, short_model
+from llmp.analysis.words import SHAPE_WORDS, duration, join_names, money, n_of, short_model, usd
 from llmp.format.measure import MV, clean, weakest
 from llmp.live.contract import VERSION
 
@@ -90,7 +90,7 @@ def turn_event(row: Row, btw: Between | None, label: Callable[[int], str]) -> di
     lost_tokens: int | None
     lost_ms: float | None
     priced = [x.usd for x in losses if x.usd is not None]
-    lost_usd = round(sum(priced), 6) if priced else None
+    lost_usd = usd(sum(priced)) if priced else None
     if row.kind != TURN:
         lost_tokens = lost_ms = None  # side-calls and stateless rows are compared with nothing
     elif losses:

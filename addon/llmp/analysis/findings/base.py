@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from llmp.analysis.words import duration, n_of
+from llmp.analysis.words import duration, n_of, usd
 from llmp.format.measure import ESTIMATE, MV, Sum, as_json
 
 if TYPE_CHECKING:
@@ -272,7 +272,7 @@ def loss_finding(
         "evidence": {},
         "untimed_rows": sorted(g.untimed),
         "minor": has_tokens and g.tokens < cfg.min_lost_tokens,
-        "lost_usd": None if g.usd is None else round(g.usd, 6),
+        "lost_usd": None if g.usd is None else usd(g.usd),
     }
 
 

@@ -30,7 +30,16 @@ from llmp.analysis.findings.base import (
     loss_finding,
     merged_by_label,
 )
-from llmp.analysis.words import advised, duration, lost_text, money, n_of, short_model, times
+from llmp.analysis.words import (
+    advised,
+    duration,
+    lost_text,
+    money,
+    n_of,
+    short_model,
+    times,
+    usd,
+)
 from llmp.apis import providers
 
 if TYPE_CHECKING:
@@ -45,10 +54,6 @@ UNREAD_CACHE_WRITES = "unread_cache_writes"
 
 HOUR = 3600
 FIVE_MINUTES = 300
-
-
-def _usd(value: float) -> float:
-    return round(value, 6)
 
 
 def _tokens(n: Any) -> str:
@@ -378,7 +383,7 @@ class MoneyKind(FindingKind):
                 "lost_ms": None,
                 "context_tokens": None,
                 "confidence": self.confidence(g),
-                "evidence": {**self.evidence(g), "usd": _usd(g.usd) if g.priced else None},
+                "evidence": {**self.evidence(g), "usd": usd(g.usd) if g.priced else None},
                 "untimed_rows": [],
             }
             for (name, served), g in merged.items()
