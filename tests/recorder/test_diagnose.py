@@ -305,3 +305,27 @@ def test_response_ids() -> None:
     assert response_id([b"not json"], None) is None
     assert response_id([b'{"type": "error"}'], None) is None
     assert response_id([], None) is None
+
+
+def test_the_diagnosis_digests_hashes_only_and_leaves_the_records_chunks() -> None:
+    """On the client's request path the diagnosis reads only the hashes: its digests keep
+    no chunks, and the same hashes as the record's digest, which still keeps them."""
+    from llmp.apis.anthropic_messages import AnthropicMessages
+    from llmp.apis.base import hashes_only
+
+    long = " ".join(f"line {i} of a pasted file" for i in range(200))
+    body = messages_body([user(long), assistant("ok"), user(long + " and more")])
+    kept = AnthropicMessages().request_digest_bytes(body)
+    with hashes_only():
+        light = AnthropicMessages().request_digest_bytes(body)
+    assert kept is not None and light is not None
+    assert [m["hash"] for m in light["messages"]] == [m["hash"] for m in kept["messages"]]
+    assert all(m["chunks"] is None for m in light["messages"])
+    assert any(m["chunks"] is not None for m in kept["messages"])  # outside: back again
+    assert AnthropicMessages().request_digest_bytes(body) == kept
+    d = Diagnosis()
+    d.request(1, ANTHROPIC, "anthropic_messages", body, ())
+    api = d._api("anthropic_messages")
+    assert api is not None and api._cache is not None and len(api._cache) > 0
+    digests = [e[0] for e in api._cache._map.values() if isinstance(e[0], dict)]
+    assert digests and all(m["chunks"] is None for m in digests)

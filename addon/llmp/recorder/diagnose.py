@@ -27,7 +27,7 @@ import msgspec
 import orjson
 
 from llmp.apis import ChatApi, api_by_name
-from llmp.apis.base import top_level_spans
+from llmp.apis.base import hashes_only, top_level_spans
 from llmp.apis.providers import (
     ANTHROPIC,
     DiagnosisAsk,
@@ -304,7 +304,8 @@ class Diagnosis:
             ask = diagnosis_ask(provider, model)
             if ask is None or ask.api != api_name or model is None:
                 return None
-            turn = self._turn(api, provider, model, top, data)
+            with hashes_only():  # only the hashes are read, on the client's request path
+                turn = self._turn(api, provider, model, top, data)
             if turn is None:
                 return None
             self._awaiting[seq] = turn
