@@ -167,8 +167,8 @@ def _template() -> tuple[tuple[str, str], ...]:
     )
 
 
-_OPENAI_OVERFLOW = providers.facts()[providers.OPENAI]["overflow_per_minute"]
-_LOOKBACK = providers.facts()[providers.ANTHROPIC]["lookback_blocks"]
+_OPENAI_OVERFLOW = providers.openai_overflow_per_minute()
+_LOOKBACK = providers.anthropic_lookback_blocks()
 
 CAUSES: tuple[Cause, ...] = (
     Cause(

@@ -651,7 +651,7 @@ class Engine:
         row.cost_usd = rates.usd(
             uncached=usage.uncached,
             cache_read=usage.read,
-            write_5m=usage.write - usage.write_1h,
+            write_5m=usage.write_5m,
             write_1h=usage.write_1h,
             output=usage.output or 0,
         )

@@ -258,7 +258,7 @@ def _too_far(now: ProviderTurn, last: ProviderTurn) -> int | None:
     if now.family != providers.ANTHROPIC or not last.breakpoints or not now.breakpoints:
         return None
     written = last.breakpoints[-1]
-    reach = int(providers.facts()["anthropic"]["lookback_blocks"])
+    reach = providers.anthropic_lookback_blocks()
     after = [b - written for b in now.breakpoints if b >= written]
     if not after or min(after) < reach:
         return None
@@ -352,7 +352,7 @@ def miss_usd(rates: Rates | None, usage: CacheUsage | None, tokens: int) -> floa
     if rates is None or usage is None:
         return None
     hour = min(tokens, usage.write_1h)
-    five = min(tokens - hour, usage.write - usage.write_1h)
+    five = min(tokens - hour, usage.write_5m)
     plain = max(0, tokens - hour - five)
     return rates.miss_usd(written_5m=five, written_1h=hour, uncached=plain)
 

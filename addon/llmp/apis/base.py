@@ -178,6 +178,11 @@ class CacheUsage:
         """What this request left readable: the tokens it read and the ones it wrote."""
         return self.read + self.write
 
+    @property
+    def write_5m(self) -> int:
+        """The tokens written with the default (five-minute) life."""
+        return self.write - self.write_1h
+
 
 @dataclass(frozen=True, slots=True)
 class CountHints:
@@ -301,11 +306,7 @@ class ChatApi:
             "auto": {"ttl": enum_value(auto.get("ttl"))} if isinstance(auto, dict) else None,
             "blocks": [mark.blocks for mark in marks],
             "settings": self.cache_settings(body, marks),
-            "key": None
-            if key is None
-            else tagged_text(key)
-            if isinstance(key, str)
-            else tagged_value(key),
+            "key": hashed_key(key),
             "retention": enum_value(body.get("prompt_cache_retention")),
             "options": cache_options(body.get("prompt_cache_options")),
             "include_usage": include if isinstance(include, bool) else None,
@@ -696,18 +697,27 @@ def enum_only(value: Any) -> Any:
     return MISSING
 
 
-def diagnosis_safe(value: Any) -> Any:
+def hashed_key(key: Any) -> str | None:
+    """A `prompt_cache_key` as a digest keeps it (R1): a string's text hashed, any other
+    value's canonical JSON; None when there is none."""
+    if key is None:
+        return None
+    return tagged_text(key) if isinstance(key, str) else tagged_value(key)
+
+
+def diagnosis_safe(value: Any, enums: tuple[str, ...] = ("type", "reason")) -> Any:
     """A provider's cache diagnosis (R37) without any text: objects keep their numbers,
-    booleans and nulls, their `type` and `reason` (enum-like strings) and their nested
-    objects so filtered; every other string, and every array, goes.  A value that is no
-    object is kept only when it is a number, a boolean or null."""
+    booleans and nulls, their `enums` (enum-like strings; by default `type` and
+    `reason`) and their nested objects so filtered; every other string, and every array,
+    goes.  A value that is no object is kept only when it is a number, a boolean or
+    null.  With no `enums`, an object's numbers alone (OpenAI's `tool_usage`)."""
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for key, item in value.items():
             if isinstance(item, dict):
-                out[key] = diagnosis_safe(item)
+                out[key] = diagnosis_safe(item, enums)
             elif isinstance(item, str):
-                if key in ("type", "reason") and _ENUM.fullmatch(item):
+                if key in enums and _ENUM.fullmatch(item):
                     out[key] = item
             elif item is None or isinstance(item, (bool, int, float)):
                 out[key] = item

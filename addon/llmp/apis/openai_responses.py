@@ -25,6 +25,7 @@ from llmp.apis.base import (
     enum_only,
     enum_value,
     first_int,
+    hashed_key,
     hashed_setting,
     int_index,
     is_set,
@@ -32,7 +33,7 @@ from llmp.apis.base import (
     text_of,
 )
 from llmp.apis.openai_chat import openai_cache_usage, openai_reason, timings_into
-from llmp.format.canonical import dumps, tagged_text, tagged_value
+from llmp.format.canonical import dumps
 from llmp.format.schema import (
     MessageDigest,
     Params,
@@ -171,17 +172,6 @@ def _settings_only(value: Any) -> dict[str, Any]:
     return {k: v for k, item in value.items() if (v := enum_only(item)) is not MISSING}
 
 
-def _numbers_only(value: Any) -> Any:
-    """An object's numbers, booleans and nulls, at every depth; no string, no array."""
-    if isinstance(value, dict):
-        return {
-            k: _numbers_only(v)
-            for k, v in value.items()
-            if isinstance(v, dict) or v is None or isinstance(v, (bool, int, float))
-        }
-    return value if value is None or isinstance(value, (bool, int, float)) else None
-
-
 def response_top(body: dict[str, Any]) -> dict[str, Any]:
     """R27's `usage` (every top-level field but the reply), on an allow-list: OpenAI's
     response object echoes the request (`instructions`, `input`, `tools`, `text`,
@@ -205,7 +195,7 @@ def response_top(body: dict[str, Any]) -> dict[str, Any]:
         elif key in _KEPT_OBJECTS:
             out[key] = value
         elif key == "prompt_cache_key":
-            out[key] = tagged_text(value) if isinstance(value, str) else tagged_value(value)
+            out[key] = hashed_key(value)
         elif key == "prompt_cache_options":
             out[key] = cache_options(value)
         elif key == "prompt_cache_diagnostics":
@@ -215,7 +205,7 @@ def response_top(body: dict[str, Any]) -> dict[str, Any]:
         elif key == "text":
             out[key] = _text_settings(value)
         elif key == "tool_usage":
-            out[key] = _numbers_only(value)
+            out[key] = diagnosis_safe(value, enums=())
         elif key == "conversation" and isinstance(value, dict):
             ident = value.get("id")
             out[key] = {"id": ident} if isinstance(ident, str) else {}

@@ -167,9 +167,20 @@ def anthropic_ttl_seconds(ttl: str | None) -> int:
     return int(table.get(ttl or a["default_ttl"], table[a["default_ttl"]]))
 
 
+def anthropic_lookback_blocks() -> int:
+    """How many blocks back from a breakpoint the API looks for an entry to read."""
+    return int(facts()[ANTHROPIC]["lookback_blocks"])
+
+
 # -- OpenAI -----------------------------------------------------------------------
 
 _VERSION = re.compile(r"(?:^|[/:])(?:gpt|o)-?(\d+)(?:\.(\d+))?")
+
+
+def openai_overflow_per_minute() -> int:
+    """OpenAI's requests a minute on one prompt start and key before some overflow to
+    other machines (and miss)."""
+    return int(facts()[OPENAI]["overflow_per_minute"])
 
 
 def openai_version(model: str | None) -> tuple[int, int] | None:

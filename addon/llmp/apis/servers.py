@@ -255,7 +255,7 @@ class ReuseSteps:
         return max(kind, least) if self.tail >= 0 else kind
 
 
-USUAL_BLOCKS = (16, 128)
+USUAL_BLOCKS = (VLLM.block_tokens, CPU_BLOCK)
 """vLLM's blocks on a GPU and on the CPU: where the counts allow one, it is the one."""
 
 

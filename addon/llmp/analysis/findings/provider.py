@@ -226,7 +226,7 @@ class BreakpointTooFar(ProviderLoss):
 
     def evidence(self, g: _Gaps) -> dict[str, Any]:
         ev = super().evidence(g)
-        ev["lookback_blocks"] = int(providers.facts()["anthropic"]["lookback_blocks"])
+        ev["lookback_blocks"] = providers.anthropic_lookback_blocks()
         ev["distance"] = max(g.lookback) if g.lookback else None
         return ev
 
@@ -275,7 +275,7 @@ class ProviderEvicted(ProviderLoss):
             return
         now = row.t_start_ms
         minute = [read for t, read in times_ if now - 60_000 < t <= now]
-        if len(minute) > _overflow_limit():
+        if len(minute) > providers.openai_overflow_per_minute():
             g.overflow += 1
             if len(minute) > g.per_minute:
                 g.per_minute, g.read_per_minute = len(minute), sum(minute)
@@ -288,13 +288,13 @@ class ProviderEvicted(ProviderLoss):
             # hit rate OpenAI's overflow capped.
             ev["per_minute"] = g.per_minute
             ev["read_per_minute"] = g.read_per_minute
-            ev["overflow_per_minute"] = _overflow_limit()
+            ev["overflow_per_minute"] = providers.openai_overflow_per_minute()
         return ev
 
     def advice(self, g: _Gaps, label: str) -> dict[str, Any] | None:
         if not g.overflow:
             return None
-        limit = _overflow_limit()
+        limit = providers.openai_overflow_per_minute()
         text = (
             f"Up to {g.per_minute} requests a minute shared one prompt start and "
             f"prompt_cache_key; OpenAI serves about {limit} a minute from the machine that "
@@ -323,11 +323,6 @@ class ProviderEvicted(ProviderLoss):
             f"{short_model(f.get('model'))} did not read {f.get('client')}'s cached prefix "
             f"{times(n)} although it was the same and still alive{note}: {lost_text(f)}."
         )
-
-
-def _overflow_limit() -> int:
-    """OpenAI's requests a minute on one prompt start and key before some overflow."""
-    return int(providers.facts()["openai"]["overflow_per_minute"])
 
 
 # -- money the client could keep -----------------------------------------------------------
@@ -536,7 +531,7 @@ class UnreadCacheWrites(MoneyKind):
                 row.served,
                 u.read,
                 u.write,
-                u.write - u.write_1h,
+                u.write_5m,
                 u.write_1h,
                 row.t_start_ms,
                 prov.lives_s,
