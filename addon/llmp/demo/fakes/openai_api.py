@@ -133,7 +133,7 @@ import time
 from typing import Any
 
 from llmp.apis.providers import openai_explicit
-from llmp.demo.fakes.exchange import Exchange
+from llmp.demo.fakes.exchange import Exchange, bearer
 from llmp.demo.fakes.model import (
     PREDICTED_MS_PER_TOKEN,
     PROMPT_MS_PER_TOKEN,
@@ -191,13 +191,6 @@ def openai_error(
     message: str, etype: str = "invalid_request_error", param: str | None = None, code: Any = None
 ) -> dict[str, Any]:
     return {"error": {"message": message, "type": etype, "param": param, "code": code}}
-
-
-def bearer(ex: Exchange) -> str | None:
-    """The request's bearer token, or None."""
-    scheme, _, token = (ex.request_header("authorization") or "").partition(" ")
-    token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
 
 
 def mask(key: str) -> str:

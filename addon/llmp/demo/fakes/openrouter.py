@@ -54,10 +54,10 @@ from llmp.apis.providers import (
     facts,
     openai_cache,
 )
-from llmp.demo.fakes.exchange import Exchange
+from llmp.demo.fakes.exchange import Exchange, bearer
 from llmp.demo.fakes.model import FakeModel, Gen, alnum
 from llmp.demo.fakes.modes import MIDSTREAM_ERROR_MESSAGE
-from llmp.demo.fakes.openai_api import bearer, processing_ms
+from llmp.demo.fakes.openai_api import processing_ms
 from llmp.demo.fakes.openai_bodies import compact
 from llmp.demo.fakes.openai_prompt import (
     BadRequest,
