@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import random
 from typing import Any
 
@@ -18,12 +17,9 @@ from llmp.demo.fakes.exchange import Exchange
 from llmp.demo.fakes.model import Gen, alnum
 from llmp.demo.fakes.openai_prompt import CachePlan, Settings, explicit_ttls
 from llmp.demo.fakes.provider_cache import CacheDecision
+from llmp.demo.fakes.shared_cache import compact
 
 SYSTEM_FINGERPRINT = "fp_fake0openai"
-
-
-def compact(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def obfuscation(rng: random.Random, delta: str) -> str:
