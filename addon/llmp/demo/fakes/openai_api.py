@@ -147,7 +147,7 @@ from llmp.demo.fakes.openai_bodies import (
     Ids,
     ResponseBuilder,
     compact,
-    ttl_details,
+    responses_usage,
     user_item,
 )
 from llmp.demo.fakes.openai_prompt import (
@@ -476,16 +476,7 @@ class OpenAIAPI(App):
         output_tokens = COMPACTION_TOKENS
         d.processing_ms = processing_ms(d, output_tokens)
         ex.cache = d
-        details: dict[str, Any] = {"cached_tokens": d.read, "cache_write_tokens": d.written}
-        if openai_explicit(settings.model):
-            details["cache_write_tokens_details"] = ttl_details(d)
-        usage = {
-            "input_tokens": d.prompt_tokens,
-            "input_tokens_details": details,
-            "output_tokens": output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": d.prompt_tokens + output_tokens,
-        }
+        usage = responses_usage(d, output_tokens, 0, openai_explicit(settings.model))
         out = {
             "id": ids.response,
             "object": "response.compaction",

@@ -82,6 +82,22 @@ def chat_usage(d: CacheDecision, g: Gen, explicit: bool) -> dict[str, Any]:
     }
 
 
+def responses_usage(
+    d: CacheDecision, output_tokens: int, reasoning_tokens: int, explicit: bool
+) -> dict[str, Any]:
+    """The Responses API's ``usage``; ``cache_write_tokens_details`` from GPT-5.6 on."""
+    details: dict[str, Any] = {"cached_tokens": d.read, "cache_write_tokens": d.written}
+    if explicit:
+        details["cache_write_tokens_details"] = ttl_details(d)
+    return {
+        "input_tokens": d.prompt_tokens,
+        "input_tokens_details": details,
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "total_tokens": d.prompt_tokens + output_tokens,
+    }
+
+
 class ResponseBuilder:
     """The Responses object and its event stream for one request."""
 
@@ -160,17 +176,9 @@ class ResponseBuilder:
     # the response ----------------------------------------------------------------
 
     def usage(self) -> dict[str, Any]:
-        d, g = self.d, self.g
-        details: dict[str, Any] = {"cached_tokens": d.read, "cache_write_tokens": d.written}
-        if openai_explicit(self.settings.model):
-            details["cache_write_tokens_details"] = ttl_details(d)
-        return {
-            "input_tokens": d.prompt_tokens,
-            "input_tokens_details": details,
-            "output_tokens": g.predicted_n,
-            "output_tokens_details": {"reasoning_tokens": len(g.reasoning)},
-            "total_tokens": d.prompt_tokens + g.predicted_n,
-        }
+        g = self.g
+        explicit = openai_explicit(self.settings.model)
+        return responses_usage(self.d, g.predicted_n, len(g.reasoning), explicit)
 
     def response(self, final: bool) -> dict[str, Any]:
         """The response object: in progress (``final`` false) or finished."""
