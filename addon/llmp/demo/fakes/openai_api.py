@@ -413,11 +413,11 @@ class OpenAIAPI(App):
         items = [*history, *input_items(body.get("input"))]
         g = self.generate(ex, to_chat({**body, "input": items}, []), settings.reasoning_effort, ids)
         comparison = (plan.options or {}).get("comparison_response_id")
+        record = Record(settings, prompt, d.reusable)
         if comparison is not None:
-            record = Record(settings, prompt, d.reusable)
             old = self.records.get(str(comparison))
             d.diagnosis = diagnose(record, old, self.diagnosis_unavailable(ex))
-        self.records[ids.response] = Record(settings, prompt, d.reusable)
+        self.records[ids.response] = record
         r = ResponseBuilder(body, plan, settings, d, g, ids)
         if body.get("store") is not False:
             self.stored[ids.response] = [*items, *r.output()]
