@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import get_args
 
 from llmp.demo.fakes.anthropic import AnthropicMessages
 from llmp.demo.fakes.anthropic_api import CONTEXT_WINDOW, AnthropicAPI
@@ -181,15 +182,7 @@ class Upstream(RawServer):
         clock: Callable[[], float] = time.time,
         block: int | None = None,
     ) -> None:
-        if flavor not in (
-            "llama",
-            "ollama",
-            "vllm",
-            "sglang",
-            "anthropic-api",
-            "openai-api",
-            "openrouter",
-        ):
+        if flavor not in get_args(Flavor):
             raise ValueError(f"unknown flavor {flavor!r}")
         self.flavor: Flavor = flavor
         self.model = FakeModel(

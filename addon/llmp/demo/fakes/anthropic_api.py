@@ -145,7 +145,7 @@ from llmp.demo.fakes.anthropic_cache import (
     parse_prompt,
     usage,
 )
-from llmp.demo.fakes.exchange import Exchange
+from llmp.demo.fakes.exchange import Exchange, bearer
 from llmp.demo.fakes.model import TOOL_ARGS, FakeModel, Gen, alnum
 from llmp.demo.fakes.raw import App
 from llmp.demo.fakes.responder import Responder
@@ -277,11 +277,7 @@ class AnthropicAPI(App):
         key = ex.request_header("x-api-key")
         if key:
             return key
-        auth = ex.request_header("authorization") or ""
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer":
-            return None
-        return token.strip() or None
+        return bearer(ex)
 
     @staticmethod
     def _workspace(key: str) -> str:

@@ -21,6 +21,13 @@ def header(headers: list[tuple[str, str]], name: str) -> str | None:
     return None
 
 
+def bearer(ex: Exchange) -> str | None:
+    """The request's bearer token, or None."""
+    scheme, _, token = (ex.request_header("authorization") or "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
 @dataclass
 class Exchange:
     """One request as the upstream saw it, and the response as it was written.

@@ -133,7 +133,7 @@ import time
 from typing import Any
 
 from llmp.apis.providers import openai_explicit
-from llmp.demo.fakes.exchange import Exchange
+from llmp.demo.fakes.exchange import Exchange, bearer
 from llmp.demo.fakes.model import (
     PREDICTED_MS_PER_TOKEN,
     PROMPT_MS_PER_TOKEN,
@@ -147,7 +147,7 @@ from llmp.demo.fakes.openai_bodies import (
     Ids,
     ResponseBuilder,
     compact,
-    ttl_details,
+    responses_usage,
     user_item,
 )
 from llmp.demo.fakes.openai_prompt import (
@@ -191,13 +191,6 @@ def openai_error(
     message: str, etype: str = "invalid_request_error", param: str | None = None, code: Any = None
 ) -> dict[str, Any]:
     return {"error": {"message": message, "type": etype, "param": param, "code": code}}
-
-
-def bearer(ex: Exchange) -> str | None:
-    """The request's bearer token, or None."""
-    scheme, _, token = (ex.request_header("authorization") or "").partition(" ")
-    token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
 
 
 def mask(key: str) -> str:
@@ -420,11 +413,11 @@ class OpenAIAPI(App):
         items = [*history, *input_items(body.get("input"))]
         g = self.generate(ex, to_chat({**body, "input": items}, []), settings.reasoning_effort, ids)
         comparison = (plan.options or {}).get("comparison_response_id")
+        record = Record(settings, prompt, d.reusable)
         if comparison is not None:
-            record = Record(settings, prompt, d.reusable)
             old = self.records.get(str(comparison))
             d.diagnosis = diagnose(record, old, self.diagnosis_unavailable(ex))
-        self.records[ids.response] = Record(settings, prompt, d.reusable)
+        self.records[ids.response] = record
         r = ResponseBuilder(body, plan, settings, d, g, ids)
         if body.get("store") is not False:
             self.stored[ids.response] = [*items, *r.output()]
@@ -483,16 +476,7 @@ class OpenAIAPI(App):
         output_tokens = COMPACTION_TOKENS
         d.processing_ms = processing_ms(d, output_tokens)
         ex.cache = d
-        details: dict[str, Any] = {"cached_tokens": d.read, "cache_write_tokens": d.written}
-        if openai_explicit(settings.model):
-            details["cache_write_tokens_details"] = ttl_details(d)
-        usage = {
-            "input_tokens": d.prompt_tokens,
-            "input_tokens_details": details,
-            "output_tokens": output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": d.prompt_tokens + output_tokens,
-        }
+        usage = responses_usage(d, output_tokens, 0, openai_explicit(settings.model))
         out = {
             "id": ids.response,
             "object": "response.compaction",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import random
 from typing import Any
 
@@ -18,12 +17,9 @@ from llmp.demo.fakes.exchange import Exchange
 from llmp.demo.fakes.model import Gen, alnum
 from llmp.demo.fakes.openai_prompt import CachePlan, Settings, explicit_ttls
 from llmp.demo.fakes.provider_cache import CacheDecision
+from llmp.demo.fakes.shared_cache import compact
 
 SYSTEM_FINGERPRINT = "fp_fake0openai"
-
-
-def compact(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def obfuscation(rng: random.Random, delta: str) -> str:
@@ -83,6 +79,22 @@ def chat_usage(d: CacheDecision, g: Gen, explicit: bool) -> dict[str, Any]:
             "accepted_prediction_tokens": 0,
             "rejected_prediction_tokens": 0,
         },
+    }
+
+
+def responses_usage(
+    d: CacheDecision, output_tokens: int, reasoning_tokens: int, explicit: bool
+) -> dict[str, Any]:
+    """The Responses API's ``usage``; ``cache_write_tokens_details`` from GPT-5.6 on."""
+    details: dict[str, Any] = {"cached_tokens": d.read, "cache_write_tokens": d.written}
+    if explicit:
+        details["cache_write_tokens_details"] = ttl_details(d)
+    return {
+        "input_tokens": d.prompt_tokens,
+        "input_tokens_details": details,
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "total_tokens": d.prompt_tokens + output_tokens,
     }
 
 
@@ -164,17 +176,9 @@ class ResponseBuilder:
     # the response ----------------------------------------------------------------
 
     def usage(self) -> dict[str, Any]:
-        d, g = self.d, self.g
-        details: dict[str, Any] = {"cached_tokens": d.read, "cache_write_tokens": d.written}
-        if openai_explicit(self.settings.model):
-            details["cache_write_tokens_details"] = ttl_details(d)
-        return {
-            "input_tokens": d.prompt_tokens,
-            "input_tokens_details": details,
-            "output_tokens": g.predicted_n,
-            "output_tokens_details": {"reasoning_tokens": len(g.reasoning)},
-            "total_tokens": d.prompt_tokens + g.predicted_n,
-        }
+        g = self.g
+        explicit = openai_explicit(self.settings.model)
+        return responses_usage(self.d, g.predicted_n, len(g.reasoning), explicit)
 
     def response(self, final: bool) -> dict[str, Any]:
         """The response object: in progress (``final`` false) or finished."""

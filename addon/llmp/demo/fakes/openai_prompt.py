@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmp.apis.providers import OPENAI, facts, openai_cache
-from llmp.demo.fakes.provider_cache import Policy, Prompt, Segment, common_prefix_len
+from llmp.demo.fakes.model import common_prefix
+from llmp.demo.fakes.provider_cache import Policy, Prompt, Segment
 
 Marker = Callable[[dict[str, Any]], str | None]
 """Reads a content part's breakpoint: its ttl name, or None. Raises ``BadRequest``."""
@@ -372,7 +373,7 @@ def diagnose(new: Record, old: Record | None, unavailable: bool) -> dict[str, An
             return _miss(reason, new.prompt.tokens, old.reusable)
     if old.reusable == 0:
         return {"type": "unavailable"}
-    shared = common_prefix_len(new.prompt.text, old.prompt.text)
+    shared = common_prefix(new.prompt.text, old.prompt.text)
     if old.prompt.tokens_at(shared) >= old.reusable:
         return {"type": "cache_hit"}
     first = new.prompt.segment_index(shared)

@@ -54,10 +54,10 @@ from llmp.apis.providers import (
     facts,
     openai_cache,
 )
-from llmp.demo.fakes.exchange import Exchange
+from llmp.demo.fakes.exchange import Exchange, bearer
 from llmp.demo.fakes.model import FakeModel, Gen, alnum
 from llmp.demo.fakes.modes import MIDSTREAM_ERROR_MESSAGE
-from llmp.demo.fakes.openai_api import bearer, processing_ms
+from llmp.demo.fakes.openai_api import processing_ms
 from llmp.demo.fakes.openai_bodies import compact
 from llmp.demo.fakes.openai_prompt import (
     BadRequest,
@@ -82,7 +82,6 @@ BACKEND_NAMES = {
     "openai": ("OpenAI", "Azure"),
     "anthropic": ("Anthropic", "Amazon Bedrock", "Google"),
 }
-ANTHROPIC_MAX_BREAKPOINTS = 4
 
 
 def backend_name(model: str, i: int) -> str:
@@ -111,10 +110,10 @@ def anthropic_prompt(body: dict[str, Any]) -> Prompt:
         segs[-1] = Segment(segs[-1].text, segs[-1].kind, ttl)
         prompt = Prompt(segs)
     n = len(prompt.marks())
-    if n > ANTHROPIC_MAX_BREAKPOINTS:
+    limit = int(facts()[ANTHROPIC]["max_breakpoints"])
+    if n > limit:
         raise BadRequest(
-            f"A maximum of {ANTHROPIC_MAX_BREAKPOINTS} blocks with cache_control may be "
-            f"provided. Found {n}."
+            f"A maximum of {limit} blocks with cache_control may be provided. Found {n}."
         )
     return prompt
 
@@ -230,7 +229,7 @@ class OpenRouter(App):
                 1,
                 str(a["default_ttl"]),
                 a["ttl_seconds"],
-                max_marked=ANTHROPIC_MAX_BREAKPOINTS,
+                max_marked=int(a["max_breakpoints"]),
             )
             return policy, anthropic_prompt(body)
         plan = cache_plan(model, body, self.default_retention)

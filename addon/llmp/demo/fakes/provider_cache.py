@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llmp.apis.providers import OPENAI, facts
-from llmp.demo.fakes.model import count_tokens
+from llmp.demo.fakes.model import common_prefix, count_tokens
 
 Clock = Callable[[], float]
 
@@ -51,18 +51,6 @@ MAX_ENTRIES = 4096
 GONE_KEPT = 4096
 #: The window the overflow rate is counted over, in seconds.
 RATE_WINDOW_S = 60.0
-
-
-def common_prefix_len(a: str, b: str) -> int:
-    """Characters ``a`` and ``b`` share from the start (binary search over slices)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,7 +482,7 @@ class ProviderCache:
         best, best_entry = 0, None
         for e in entries:
             if e.namespace == ns and e.key == key:
-                n = prompt.tokens_at(common_prefix_len(e.text, prompt.text))
+                n = prompt.tokens_at(common_prefix(e.text, prompt.text))
                 if n > best:
                     best, best_entry = n, e
         return best, best_entry
@@ -514,7 +502,7 @@ class ProviderCache:
             if home is None:
                 n = prompt.tokens_at(len(e.text)) if prompt.text.startswith(e.text) else 0
             else:
-                n = prompt.tokens_at(common_prefix_len(e.text, prompt.text))
+                n = prompt.tokens_at(common_prefix(e.text, prompt.text))
             if n > max(d.matched, d.lost_tokens):
                 d.lost, d.lost_tokens = why, n
 
