@@ -19,7 +19,7 @@ from llmp.analysis.overflow import Refusal, refusal_of
 from llmp.apis import ChatApi, api_for, request_digest_of, response_digest_of, strip_query
 from llmp.apis.base import CacheUsage
 from llmp.apis.openai_chat import OpenAIChat
-from llmp.apis.providers import provider_of_headers, provider_of_host, provider_of_usage
+from llmp.apis.providers import provider_of
 from llmp.format.canonical import record_dumps
 from llmp.format.fastread import (
     NULL,
@@ -707,30 +707,14 @@ def prepare(
     )
 
 
-_BY_HOST: dict[str | None, str | None] = {}
-
-
 def provider_of_record(
     upstream: str | None, headers: dict[str, str] | None, top: dict[str, Any] | LlamaTop | None
 ) -> str | None:
-    """R34: the provider that answered, told by the host (remembered: a recording has a
-    handful), then a header only a provider sends, then, for recordings made before the
-    host was kept, the shape of the usage (never for llama-server's own, which the fast
-    path types)."""
-    if upstream not in _BY_HOST:
-        if len(_BY_HOST) > 1024:
-            _BY_HOST.clear()
-        _BY_HOST[upstream] = provider_of_host(upstream)
-    found = _BY_HOST[upstream]
-    if found is not None:
-        return found
-    if headers:
-        found = provider_of_headers(headers)
-        if found is not None:
-            return found
+    """R34 (`providers.provider_of`): the usage's shape only in a plain reply's top level,
+    never llama-server's own, which the fast path types."""
     if upstream is None and type(top) is dict:  # a recording made before R34
-        return provider_of_usage(top.get("usage"), "timings" in top, top.get("model"))
-    return None
+        return provider_of(None, headers, top.get("usage"), "timings" in top, top.get("model"))
+    return provider_of(upstream, headers)
 
 
 def digested(rec: dict[str, Any]) -> Digested | Skip:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import tomllib
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any
 
@@ -32,8 +32,10 @@ def facts() -> dict[str, Any]:
     return tomllib.loads(text)
 
 
+@lru_cache(maxsize=1024)
 def provider_of_host(host: str | None) -> str | None:
-    """The provider a request to `host` went to (its name), or None."""
+    """The provider a request to `host` went to (its name), or None.  Remembered: a
+    recording has a handful of hosts, and every record asks."""
     if not host:
         return None
     low = host.strip().lower().rstrip(".")
@@ -85,12 +87,14 @@ def provider_of(
     headers: dict[str, Any] | None = None,
     usage: Any = None,
     timings: bool = False,
+    model: Any = None,
 ) -> str | None:
     """R34's order: the upstream host, then a provider's own response header, then, for
     recordings made before the host was kept (`host` None), the usage's shape."""
-    return (
-        provider_of_host(host) or provider_of_headers(headers) or provider_of_usage(usage, timings)
-    )
+    found = provider_of_host(host) or provider_of_headers(headers)
+    if found is None and host is None:
+        found = provider_of_usage(usage, timings, model)
+    return found
 
 
 # -- R37's opt-in diagnosis --------------------------------------------------------

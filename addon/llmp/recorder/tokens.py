@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from llmp.apis.base import ChatApi
-from llmp.apis.providers import provider_of_headers, provider_of_host
+from llmp.apis.providers import provider_of
 from llmp.apis.servers import identify
 from llmp.format.token_counts import TokenizeError, Tokenizer
 
@@ -59,7 +59,7 @@ def tokenizer_shape(
         host = urlsplit(upstream).hostname
     except ValueError:
         return None
-    if provider_of_host(host) is not None or provider_of_headers(headers) is not None:
+    if provider_of(host, headers) is not None:
         return None
     timings = top is not None and isinstance(top.get("timings"), dict)
     return identify(headers.get("server"), api_name, timings, top).tokenize

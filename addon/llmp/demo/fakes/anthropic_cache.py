@@ -26,7 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from llmp.apis.providers import anthropic_billing_block, anthropic_ttl_seconds, facts
+from llmp.apis.providers import (
+    anthropic_billing_block,
+    anthropic_lookback_blocks,
+    anthropic_ttl_seconds,
+    facts,
+)
 from llmp.demo.fakes.model import count_tokens
 
 Tier = Literal["tools", "system", "messages"]
@@ -446,7 +451,7 @@ class PromptCache:
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
-        self.lookback = int(facts()["anthropic"]["lookback_blocks"])
+        self.lookback = anthropic_lookback_blocks()
         self._entries: dict[str, Entry] = {}
         self._lock = threading.Lock()
 
